@@ -1,0 +1,26 @@
+// Command karpenter-clusterapi runs Karpenter with Cluster API as its cloud.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/operator"
+	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
+)
+
+func main() {
+	if err := options.Preflight(os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, core := coreoperator.NewOperator()
+	op, err := operator.NewOperator(ctx, core)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)
+		os.Exit(1)
+	}
+	op.Run(ctx)
+}

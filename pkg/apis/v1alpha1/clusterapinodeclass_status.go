@@ -1,0 +1,43 @@
+package v1alpha1
+
+import (
+	"github.com/awslabs/operatorpkg/status"
+)
+
+// Condition types of a ClusterAPINodeClass.
+const (
+	// ConditionTypeInstanceTypesResolved is True when the NodeClass's selection
+	// resolves to at least one usable MachineDeployment or template in scope.
+	ConditionTypeInstanceTypesResolved = "InstanceTypesResolved"
+)
+
+// ClusterAPINodeClassStatus is what the provider resolved from the spec.
+type ClusterAPINodeClassStatus struct {
+	// Conditions: Ready, and what it depends on.
+	// +optional
+	Conditions []status.Condition `json:"conditions,omitempty"`
+
+	// InstanceTypeCount is how many instance types the NodeClass resolves to.
+	// +optional
+	InstanceTypeCount int32 `json:"instanceTypeCount,omitempty"`
+
+	// InstanceTypes lists the instance types the NodeClass resolves to.
+	// +optional
+	// +listType=atomic
+	InstanceTypes []string `json:"instanceTypes,omitempty"`
+}
+
+// StatusConditions returns the condition set; Ready follows its dependents.
+func (in *ClusterAPINodeClass) StatusConditions(opts ...status.ForOption) status.ConditionSet {
+	return status.NewReadyConditions(ConditionTypeInstanceTypesResolved).For(in, opts...)
+}
+
+// GetConditions implements status.Object.
+func (in *ClusterAPINodeClass) GetConditions() []status.Condition {
+	return in.Status.Conditions
+}
+
+// SetConditions implements status.Object.
+func (in *ClusterAPINodeClass) SetConditions(conditions []status.Condition) {
+	in.Status.Conditions = conditions
+}

@@ -1,0 +1,19 @@
+package v1alpha1
+
+// Labels and annotations of the product contract (see docs/annotations.md).
+const (
+	// KarpenterMemberLabel marks a MachineDeployment or infrastructure template
+	// as eligible for Karpenter, and a Machine as managed by Karpenter.
+	KarpenterMemberLabel = "node.cluster.x-k8s.io/karpenter-member"
+	// MachineAnnotation on a NodeClaim names the Machine backing it as <namespace>/<name>.
+	MachineAnnotation = "cluster.x-k8s.io/machine"
+	// NodeClaimAnnotation on a Machine names the NodeClaim it backs.
+	NodeClaimAnnotation = Group + "/nodeclaim"
+	// PriceAnnotation is the on-demand price per hour (a decimal).
+	PriceAnnotation = Group + "/price"
+	// SpotPriceAnnotation is the spot price per hour (a decimal).
+	SpotPriceAnnotation = Group + "/spot-price"
+	// CurrentPriceAnnotation is read as the on-demand price, for compatibility
+	// with the experimental Cluster API price operator.
+	CurrentPriceAnnotation = "cluster.x-k8s.io/machine-current-price"
+)

@@ -1,0 +1,169 @@
+// Package status keeps each ClusterAPINodeClass's status true: Ready when its
+// selection resolves to at least one usable MachineDeployment or template in
+// scope, and which instance types it resolves to. Karpenter uses a NodePool
+// only while its NodeClass is Ready, so this is what users see first.
+package status
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/awslabs/operatorpkg/reasonable"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	controllerruntime "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	"sigs.k8s.io/karpenter/pkg/operator/injection"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+)
+
+// Resolution is what a NodeClass's selection resolves to.
+type Resolution struct {
+	// InstanceTypes are the names of the usable instance types.
+	InstanceTypes []string
+	// Problems explain selected objects that could not be used, each naming
+	// the object and the field.
+	Problems []string
+}
+
+// Resolver resolves a NodeClass against the hub.
+type Resolver interface {
+	Resolve(ctx context.Context, nodeClass *v1alpha1.ClusterAPINodeClass) (Resolution, error)
+}
+
+// Reasons of the InstanceTypesResolved condition.
+const (
+	ReasonResolved         = "Resolved"
+	ReasonNothingSelected  = "NothingSelected"
+	ReasonResolutionFailed = "ResolutionFailed"
+)
+
+// resyncPeriod bounds how stale a status can get for changes no watch sees
+// (for example templates of a kind the hub cache does not watch).
+const resyncPeriod = 5 * time.Minute
+
+// Controller reconciles ClusterAPINodeClass status.
+type Controller struct {
+	kubeClient client.Client
+	hub        *hub.Hub
+	resolver   Resolver
+}
+
+// NewController returns the status controller.
+func NewController(kubeClient client.Client, h *hub.Hub, resolver Resolver) *Controller {
+	return &Controller{kubeClient: kubeClient, hub: h, resolver: resolver}
+}
+
+// Name of the controller.
+func (c *Controller) Name() string { return "nodeclass.status" }
+
+// Reconcile resolves the NodeClass and writes its status.
+func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	ctx = injection.WithControllerName(ctx, c.Name())
+	nodeClass := &v1alpha1.ClusterAPINodeClass{}
+	if err := c.kubeClient.Get(ctx, req.NamespacedName, nodeClass); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !nodeClass.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	stored := nodeClass.DeepCopy()
+	res, resolveErr := c.resolver.Resolve(ctx, nodeClass)
+	conditions := nodeClass.StatusConditions()
+	switch {
+	case resolveErr != nil:
+		conditions.SetFalse(v1alpha1.ConditionTypeInstanceTypesResolved, ReasonResolutionFailed, truncate(resolveErr.Error()))
+	case len(res.InstanceTypes) == 0:
+		conditions.SetFalse(v1alpha1.ConditionTypeInstanceTypesResolved, ReasonNothingSelected, truncate(nothingMessage(nodeClass, c.hub.Scope, res.Problems)))
+	default:
+		msg := ""
+		if len(res.Problems) > 0 {
+			msg = "some selected objects are not usable: " + strings.Join(res.Problems, "; ")
+		}
+		conditions.SetTrueWithReason(v1alpha1.ConditionTypeInstanceTypesResolved, ReasonResolved, truncate(msg))
+	}
+	nodeClass.Status.InstanceTypes = res.InstanceTypes
+	nodeClass.Status.InstanceTypeCount = int32(len(res.InstanceTypes))
+	if !equality.Semantic.DeepEqual(stored.Status, nodeClass.Status) {
+		if err := c.kubeClient.Status().Patch(ctx, nodeClass, client.MergeFromWithOptions(stored, client.MergeFromWithOptimisticLock{})); err != nil {
+			if errors.IsConflict(err) || errors.IsNotFound(err) {
+				return reconcile.Result{Requeue: true}, nil
+			}
+			return reconcile.Result{}, fmt.Errorf("patching status of ClusterAPINodeClass %s: %w", nodeClass.Name, err)
+		}
+	}
+	if resolveErr != nil {
+		// A hub outage or a bad selector: retry with backoff, the condition says why.
+		return reconcile.Result{}, resolveErr
+	}
+	return reconcile.Result{RequeueAfter: resyncPeriod}, nil
+}
+
+func nothingMessage(nc *v1alpha1.ClusterAPINodeClass, scope hub.Scope, problems []string) string {
+	where := "in any namespace"
+	if scope.Namespace != "" {
+		where = fmt.Sprintf("in namespace %q", scope.Namespace)
+	}
+	if scope.ClusterName != "" {
+		where += fmt.Sprintf(" of Cluster %q", scope.ClusterName)
+	}
+	var what string
+	if nc.Spec.MachineTemplate != nil {
+		t := nc.Spec.MachineTemplate.InfrastructureTemplates
+		what = fmt.Sprintf("no %s (%s) labelled %s matches spec.machineTemplate.infrastructureTemplates.selector %s", t.Kind, t.APIGroup, v1alpha1.KarpenterMemberLabel, where)
+	} else {
+		what = fmt.Sprintf("no MachineDeployment labelled %s matches spec.scalableResourceSelector %s", v1alpha1.KarpenterMemberLabel, where)
+	}
+	if len(problems) > 0 {
+		what += "; not usable: " + strings.Join(problems, "; ")
+	}
+	return what
+}
+
+func truncate(s string) string {
+	const max = 2048
+	if len(s) > max {
+		return s[:max-3] + "..."
+	}
+	return s
+}
+
+// Register watches NodeClasses in the workload cluster and MachineDeployments
+// in the hub: a change to either can change readiness.
+func (c *Controller) Register(_ context.Context, m manager.Manager) error {
+	return controllerruntime.NewControllerManagedBy(m).
+		Named(c.Name()).
+		For(&v1alpha1.ClusterAPINodeClass{}).
+		WatchesRawSource(source.Kind(c.hub.GetCache(), &clusterv1.MachineDeployment{},
+			handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ *clusterv1.MachineDeployment) []reconcile.Request {
+				return c.allNodeClasses(ctx)
+			}))).
+		WithOptions(controller.Options{
+			RateLimiter:             reasonable.RateLimiter(),
+			MaxConcurrentReconciles: 1,
+		}).
+		Complete(c)
+}
+
+func (c *Controller) allNodeClasses(ctx context.Context) []reconcile.Request {
+	list := &v1alpha1.ClusterAPINodeClassList{}
+	if err := c.kubeClient.List(ctx, list); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
+	}
+	return reqs
+}

@@ -1,0 +1,65 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+)
+
+// Hub is the management cluster: a cache scoped to the configured
+// namespace and Cluster, and a client that writes to it.
+type Hub struct {
+	cluster.Cluster
+	Scope Scope
+}
+
+// New builds the hub's cache and client. The cache only ever holds objects in
+// scope: with a namespace set, informers watch that namespace alone (so a
+// namespaced Role suffices); with a cluster name set, Machines and
+// MachineDeployments are also filtered by the cluster-name label on the server.
+func New(cfg *rest.Config, scheme *runtime.Scheme, scope Scope) (*Hub, error) {
+	cacheOpts := cache.Options{Scheme: scheme}
+	if scope.Namespace != "" {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{scope.Namespace: {}}
+	}
+	if sel := scope.clusterSelector(); sel != nil {
+		cacheOpts.ByObject = map[client.Object]cache.ByObject{
+			&clusterv1.Machine{}:           {Label: sel},
+			&clusterv1.MachineDeployment{}: {Label: sel},
+			&clusterv1.MachineSet{}:        {Label: sel},
+		}
+	}
+	c, err := cluster.New(cfg, func(o *cluster.Options) {
+		o.Scheme = scheme
+		o.Cache = cacheOpts
+	})
+	if err != nil {
+		return nil, fmt.Errorf("building management cluster client: %w", err)
+	}
+	return &Hub{Cluster: c, Scope: scope}, nil
+}
+
+// CheckReachable asks the hub API server for its version, so that a wrong
+// address or credential fails at start rather than as a stream of errors.
+func CheckReachable(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = timeout
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := dc.RESTClient().Get().AbsPath("/version").Do(ctx).Raw(); err != nil {
+		return err
+	}
+	return nil
+}

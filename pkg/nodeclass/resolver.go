@@ -1,0 +1,134 @@
+// Package nodeclass resolves a ClusterAPINodeClass to the Cluster API
+// objects it selects in the hub.
+package nodeclass
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+)
+
+// Resolver resolves NodeClasses against the hub.
+type Resolver struct {
+	hub *hub.Hub
+}
+
+// NewResolver returns a resolver reading from the hub.
+func NewResolver(h *hub.Hub) *Resolver {
+	return &Resolver{hub: h}
+}
+
+var _ nodeclassstatus.Resolver = (*Resolver)(nil)
+
+// Resolve returns the instance types the NodeClass selects.
+func (r *Resolver) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
+	switch {
+	case nc.Spec.ScalableResourceSelector != nil:
+		return r.resolveMachineDeployments(ctx, nc)
+	case nc.Spec.MachineTemplate != nil:
+		return r.resolveTemplates(ctx, nc)
+	}
+	return nodeclassstatus.Resolution{}, fmt.Errorf("neither spec.scalableResourceSelector nor spec.machineTemplate is set")
+}
+
+func (r *Resolver) resolveMachineDeployments(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
+	mds, err := machinedeployment.Select(ctx, r.hub.GetClient(), r.hub.Scope, nc.Spec.ScalableResourceSelector)
+	if err != nil {
+		return nodeclassstatus.Resolution{}, err
+	}
+	names := map[string]struct{}{}
+	for _, md := range mds {
+		names[instanceTypeName(md.Spec.Template.Labels, md.Name)] = struct{}{}
+	}
+	return nodeclassstatus.Resolution{InstanceTypes: sortedKeys(names)}, nil
+}
+
+func (r *Resolver) resolveTemplates(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
+	mt := nc.Spec.MachineTemplate
+	gk := schema.GroupKind{Group: mt.InfrastructureTemplates.APIGroup, Kind: mt.InfrastructureTemplates.Kind}
+	mapping, err := r.hub.GetRESTMapper().RESTMapping(gk)
+	if err != nil {
+		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.machineTemplate.infrastructureTemplates: kind %s is not served by the management cluster: %w", gk, err)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&mt.InfrastructureTemplates.Selector)
+	if err != nil {
+		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.machineTemplate.infrastructureTemplates.selector is not a valid label selector: %w", err)
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(mapping.GroupVersionKind.GroupVersion().WithKind(gk.Kind + "List"))
+	opts := append(r.hub.Scope.NamespaceListOptions(), client.MatchingLabelsSelector{Selector: hub.HasLabel(sel, v1alpha1.KarpenterMemberLabel)})
+	if err := r.hub.GetAPIReader().List(ctx, list, opts...); err != nil {
+		return nodeclassstatus.Resolution{}, fmt.Errorf("listing %s: %w", gk, err)
+	}
+	var res nodeclassstatus.Resolution
+	if ref := mt.Bootstrap.ConfigRef; ref != nil {
+		if problem := r.checkExists(ctx, schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind}, ref.Name, "spec.machineTemplate.bootstrap.configRef"); problem != "" {
+			return nodeclassstatus.Resolution{Problems: []string{problem}}, nil
+		}
+	}
+	names := map[string]struct{}{}
+	for i := range list.Items {
+		t := &list.Items[i]
+		name, _, _ := unstructured.NestedString(t.Object, "spec", "template", "spec", "instanceType")
+		names[instanceTypeName(t.GetLabels(), firstNonEmpty(name, t.GetName()))] = struct{}{}
+	}
+	res.InstanceTypes = sortedKeys(names)
+	return res, nil
+}
+
+// checkExists returns a problem naming the field when the referenced object
+// does not exist in the scope's namespace (or any namespace when unscoped).
+func (r *Resolver) checkExists(ctx context.Context, gk schema.GroupKind, name, field string) string {
+	mapping, err := r.hub.GetRESTMapper().RESTMapping(gk)
+	if err != nil {
+		return fmt.Sprintf("%s: kind %s is not served by the management cluster", field, gk)
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(mapping.GroupVersionKind.GroupVersion().WithKind(gk.Kind + "List"))
+	opts := append(r.hub.Scope.NamespaceListOptions(), client.MatchingFields{"metadata.name": name})
+	if err := r.hub.GetAPIReader().List(ctx, list, opts...); err != nil {
+		return fmt.Sprintf("%s: cannot read %s %q: %v", field, gk.Kind, name, err)
+	}
+	if len(list.Items) == 0 {
+		return fmt.Sprintf("%s: %s %q does not exist", field, gk.Kind, name)
+	}
+	return ""
+}
+
+// instanceTypeName is the node.kubernetes.io/instance-type label the nodes
+// will carry, when the labels say so.
+func instanceTypeName(labels map[string]string, fallback string) string {
+	if v := labels[corev1.LabelInstanceTypeStable]; v != "" {
+		return v
+	}
+	return fallback
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func sortedKeys(m map[string]struct{}) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,111 @@
+// Package operator wires this provider into Karpenter core's operator: the
+// second cluster (the hub), the cloud provider and the controllers. main.go
+// and the end-to-end tests both start the product through Run.
+package operator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/samber/lo"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider/overlay"
+	corecontrollers "sigs.k8s.io/karpenter/pkg/controllers"
+	"sigs.k8s.io/karpenter/pkg/controllers/node/health"
+	"sigs.k8s.io/karpenter/pkg/controllers/state"
+	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
+
+	_ "github.com/autonode/karpenter-clusterapi/pkg/apis" // registers the types in core's scheme
+	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
+)
+
+// hubCheckTimeout bounds the start-up check of the management cluster.
+const hubCheckTimeout = 15 * time.Second
+
+// Operator is Karpenter core's operator plus the management cluster.
+type Operator struct {
+	*coreoperator.Operator
+	Hub *hub.Hub
+}
+
+// NewOperator connects to the management cluster named by the options and
+// checks that it is reachable and serves Cluster API. Errors name the flag.
+func NewOperator(ctx context.Context, core *coreoperator.Operator) (*Operator, error) {
+	opts := options.FromContext(ctx)
+	if opts == nil {
+		return nil, fmt.Errorf("provider options are missing from the context")
+	}
+	hubCfg, flagName, err := hubConfig(opts, core.GetConfig())
+	if err != nil {
+		return nil, err
+	}
+	if err := hub.CheckReachable(ctx, hubCfg, hubCheckTimeout); err != nil {
+		return nil, fmt.Errorf("--%s: management cluster at %s is not reachable: %w", flagName, hubCfg.Host, err)
+	}
+	h, err := hub.New(hubCfg, scheme.Scheme, hub.Scope{Namespace: opts.ClusterAPINamespace, ClusterName: opts.ClusterAPIClusterName})
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", flagName, err)
+	}
+	gvk, err := apiutil.GVKForObject(&clusterv1.MachineDeployment{}, scheme.Scheme)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := h.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+		if meta.IsNoMatchError(err) {
+			return nil, fmt.Errorf("--%s: management cluster at %s does not serve Cluster API %s (are the Cluster API CRDs installed?)", flagName, hubCfg.Host, gvk.GroupVersion())
+		}
+		return nil, fmt.Errorf("--%s: discovering Cluster API on %s: %w", flagName, hubCfg.Host, err)
+	}
+	if err := core.Add(h); err != nil {
+		return nil, fmt.Errorf("adding the management cluster cache: %w", err)
+	}
+	return &Operator{Operator: core, Hub: h}, nil
+}
+
+func hubConfig(opts *options.Options, spoke *rest.Config) (*rest.Config, string, error) {
+	if opts.ClusterAPIKubeconfig == "" {
+		return rest.CopyConfig(spoke), options.FlagKubeconfig + " (the management cluster defaults to the workload cluster)", nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", opts.ClusterAPIKubeconfig)
+	if err != nil {
+		return nil, options.FlagClusterAPIKubeconfig, fmt.Errorf("--%s: %w", options.FlagClusterAPIKubeconfig, err)
+	}
+	cfg.QPS = spoke.QPS
+	cfg.Burst = spoke.Burst
+	cfg.UserAgent = spoke.UserAgent
+	return cfg, options.FlagClusterAPIKubeconfig, nil
+}
+
+// Run wires core's controllers with this provider and the provider's own
+// controllers, then runs until ctx ends. It is what main.go runs.
+func (o *Operator) Run(ctx context.Context) {
+	undecorated := cloudprovider.New()
+	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
+	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))
+	clusterState := state.NewCluster(o.Clock, o.GetClient(), cloudProvider, state.WithRepairPolicyMatcher(repairPolicyMatcher))
+	log.FromContext(ctx).WithValues("namespace", o.Hub.Scope.Namespace, "cluster", o.Hub.Scope.ClusterName).Info("starting Cluster API provider")
+	o.WithControllers(ctx, corecontrollers.NewControllers(
+		ctx,
+		o.Manager,
+		o.Clock,
+		o.GetClient(),
+		o.EventRecorder,
+		cloudProvider,
+		undecorated,
+		clusterState,
+		o.InstanceTypeStore,
+		o.PredictionStore,
+	)...).
+		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.Hub)...).
+		Start(ctx)
+}

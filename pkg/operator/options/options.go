@@ -1,0 +1,152 @@
+// Package options holds the provider's flags. Every flag is also an
+// environment variable; both are registered in Karpenter core's flag set, so
+// the binary accepts them beside core's own.
+package options
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"k8s.io/client-go/tools/clientcmd"
+	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
+	"sigs.k8s.io/karpenter/pkg/utils/env"
+)
+
+func init() {
+	coreoptions.Injectables = append(coreoptions.Injectables, &Options{})
+}
+
+// Flag names of the product contract.
+const (
+	FlagKubeconfig           = "kubeconfig"
+	FlagClusterAPIKubeconfig = "cluster-api-kubeconfig"
+	FlagClusterAPINamespace  = "cluster-api-namespace"
+	FlagClusterAPICluster    = "cluster-api-cluster-name"
+	FlagInstallWorkloadCRDs  = "install-workload-crds"
+)
+
+// Options are the provider's settings.
+type Options struct {
+	// Kubeconfig of the workload (spoke) cluster; in-cluster config when empty.
+	Kubeconfig string
+	// ClusterAPIKubeconfig of the management (hub) cluster; the spoke when empty.
+	ClusterAPIKubeconfig string
+	// ClusterAPINamespace restricts every hub read and write to this namespace.
+	ClusterAPINamespace string
+	// ClusterAPIClusterName restricts hub objects to those of this Cluster.
+	ClusterAPIClusterName string
+	// InstallWorkloadCRDs installs the Karpenter and NodeClass CRDs in the spoke at start.
+	InstallWorkloadCRDs bool
+}
+
+// AddFlags registers the flags in core's flag set.
+func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, FlagKubeconfig, "",
+		"Path to the kubeconfig of the workload cluster (NodePools, NodeClaims, Nodes). The KUBECONFIG environment variable works too; in-cluster config when neither is set.")
+	fs.StringVar(&o.ClusterAPIKubeconfig, FlagClusterAPIKubeconfig, env.WithDefaultString("CLUSTER_API_KUBECONFIG", ""),
+		"Path to the kubeconfig of the management cluster that holds the Cluster API objects. The workload cluster when unset.")
+	fs.StringVar(&o.ClusterAPINamespace, FlagClusterAPINamespace, env.WithDefaultString("CLUSTER_API_NAMESPACE", ""),
+		"Namespace of the Cluster in the management cluster. When set, only this namespace is watched and changed.")
+	fs.StringVar(&o.ClusterAPIClusterName, FlagClusterAPICluster, env.WithDefaultString("CLUSTER_API_CLUSTER_NAME", ""),
+		"Name of the Cluster. When set, only objects labelled cluster.x-k8s.io/cluster-name=<name> are used. Requires --cluster-api-namespace.")
+	fs.BoolVarWithEnv(&o.InstallWorkloadCRDs, FlagInstallWorkloadCRDs, "INSTALL_WORKLOAD_CRDS", false,
+		"Install or update the Karpenter and ClusterAPINodeClass CRDs in the workload cluster at start.")
+}
+
+// Parse parses the arguments and validates the result.
+func (o *Options) Parse(fs *coreoptions.FlagSet, args ...string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		return fmt.Errorf("parsing flags, %w", err)
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	// Core takes the workload cluster's config from controller-runtime's own
+	// kubeconfig flag, which core's flag set does not parse: hand it over.
+	if o.Kubeconfig != "" {
+		if err := flag.CommandLine.Set(crconfig.KubeconfigFlagName, o.Kubeconfig); err != nil {
+			return fmt.Errorf("--%s: %w", FlagKubeconfig, err)
+		}
+	}
+	return nil
+}
+
+// Validate checks the settings without touching any cluster.
+func (o *Options) Validate() error {
+	if o.ClusterAPIClusterName != "" && o.ClusterAPINamespace == "" {
+		return fmt.Errorf("--%s (CLUSTER_API_CLUSTER_NAME) requires --%s (CLUSTER_API_NAMESPACE): a Cluster is named within its namespace",
+			FlagClusterAPICluster, FlagClusterAPINamespace)
+	}
+	if err := checkKubeconfig(FlagKubeconfig, o.Kubeconfig); err != nil {
+		return err
+	}
+	return checkKubeconfig(FlagClusterAPIKubeconfig+" (CLUSTER_API_KUBECONFIG)", o.ClusterAPIKubeconfig)
+}
+
+func checkKubeconfig(flagName, path string) error {
+	if path == "" {
+		return nil
+	}
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return fmt.Errorf("--%s: cannot read kubeconfig %q: %s", flagName, path, firstLine(err.Error()))
+	}
+	if _, err := clientcmd.NewDefaultClientConfig(*cfg, nil).ClientConfig(); err != nil {
+		return fmt.Errorf("--%s: kubeconfig %q is not usable: %s", flagName, path, firstLine(err.Error()))
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// ToContext stores the options in the context.
+func (o *Options) ToContext(ctx context.Context) context.Context {
+	return ToContext(ctx, o)
+}
+
+type optionsKey struct{}
+
+// ToContext stores options in a context.
+func ToContext(ctx context.Context, o *Options) context.Context {
+	return context.WithValue(ctx, optionsKey{}, o)
+}
+
+// FromContext returns the options stored in the context, or nil.
+func FromContext(ctx context.Context) *Options {
+	o, _ := ctx.Value(optionsKey{}).(*Options)
+	return o
+}
+
+// Preflight parses args with every registered injectable (core's and ours)
+// on a throwaway flag set, so that bad configuration ends the process with
+// one clear line instead of core's panic and stack trace.
+func Preflight(args []string) error {
+	for _, a := range args {
+		if a == "-h" || a == "--help" || a == "-help" {
+			return nil // let core print its usage
+		}
+	}
+	fs := &coreoptions.FlagSet{FlagSet: flag.NewFlagSet("karpenter", flag.ContinueOnError)}
+	fs.SetOutput(io.Discard)
+	for _, o := range coreoptions.Injectables {
+		o.AddFlags(fs)
+	}
+	for _, o := range coreoptions.Injectables {
+		if err := o.Parse(fs, args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
