@@ -39,7 +39,8 @@ test: ## Run every test against real API servers
 generate: ## Generate deepcopy, CRDs and RBAC
 	$(TOOLS) controller-gen object paths=./pkg/apis/...
 	$(TOOLS) controller-gen crd paths=./pkg/apis/... output:crd:artifacts:config=config/crd/bases
-	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi paths=./pkg/... output:rbac:artifacts:config=config/rbac/generated
+	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-hub paths=./pkg/hub/... output:rbac:artifacts:config=config/rbac/hub
+	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-workload paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac/workload
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale

@@ -2,6 +2,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -12,9 +13,16 @@ import (
 )
 
 func main() {
-	if err := options.Preflight(os.Args[1:]); err != nil {
+	opts, err := options.Preflight(os.Args[1:])
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)
 		os.Exit(2)
+	}
+	if opts != nil {
+		if err := operator.CheckClusters(context.Background(), opts); err != nil {
+			fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)
+			os.Exit(1)
+		}
 	}
 	ctx, core := coreoperator.NewOperator()
 	op, err := operator.NewOperator(ctx, core)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider/overlay"
 	corecontrollers "sigs.k8s.io/karpenter/pkg/controllers"
@@ -38,8 +39,29 @@ type Operator struct {
 	Hub *hub.Hub
 }
 
+// CheckClusters checks that the workload and management clusters are
+// reachable before Karpenter core starts (core panics on an unreachable
+// cluster). Errors name the flag to fix.
+func CheckClusters(ctx context.Context, opts *options.Options) error {
+	spokeCfg, err := ctrlconfig.GetConfig()
+	if err != nil {
+		return fmt.Errorf("--%s (KUBECONFIG, or the in-cluster config): %w", options.FlagKubeconfig, err)
+	}
+	if err := hub.CheckReachable(ctx, spokeCfg, hubCheckTimeout); err != nil {
+		return fmt.Errorf("--%s: workload cluster at %s is not reachable: %w", options.FlagKubeconfig, spokeCfg.Host, err)
+	}
+	hubCfg, flagName, err := hubConfig(opts, spokeCfg)
+	if err != nil {
+		return err
+	}
+	if err := hub.CheckReachable(ctx, hubCfg, hubCheckTimeout); err != nil {
+		return fmt.Errorf("--%s: management cluster at %s is not reachable: %w", flagName, hubCfg.Host, err)
+	}
+	return nil
+}
+
 // NewOperator connects to the management cluster named by the options and
-// checks that it is reachable and serves Cluster API. Errors name the flag.
+// checks that it serves Cluster API. Errors name the flag.
 func NewOperator(ctx context.Context, core *coreoperator.Operator) (*Operator, error) {
 	opts := options.FromContext(ctx)
 	if opts == nil {
@@ -48,9 +70,6 @@ func NewOperator(ctx context.Context, core *coreoperator.Operator) (*Operator, e
 	hubCfg, flagName, err := hubConfig(opts, core.GetConfig())
 	if err != nil {
 		return nil, err
-	}
-	if err := hub.CheckReachable(ctx, hubCfg, hubCheckTimeout); err != nil {
-		return nil, fmt.Errorf("--%s: management cluster at %s is not reachable: %w", flagName, hubCfg.Host, err)
 	}
 	h, err := hub.New(hubCfg, scheme.Scheme, hub.Scope{Namespace: opts.ClusterAPINamespace, ClusterName: opts.ClusterAPIClusterName})
 	if err != nil {

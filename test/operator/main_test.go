@@ -68,7 +68,7 @@ func run(m *testing.M) int {
 	for k, v := range map[string]string{"DISABLE_LEADER_ELECTION": "true", "METRICS_PORT": "0", "HEALTH_PROBE_PORT": "0", "LOG_LEVEL": "error"} {
 		os.Setenv(k, v)
 	}
-	if err := options.Preflight(os.Args[1:]); err != nil {
+	if _, err := options.Preflight(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

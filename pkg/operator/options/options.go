@@ -131,11 +131,12 @@ func FromContext(ctx context.Context) *Options {
 
 // Preflight parses args with every registered injectable (core's and ours)
 // on a throwaway flag set, so that bad configuration ends the process with
-// one clear line instead of core's panic and stack trace.
-func Preflight(args []string) error {
+// one clear line instead of core's panic and stack trace. It returns this
+// provider's options, or nil when help was asked for.
+func Preflight(args []string) (*Options, error) {
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
-			return nil // let core print its usage
+			return nil, nil // let core print its usage
 		}
 	}
 	fs := &coreoptions.FlagSet{FlagSet: flag.NewFlagSet("karpenter", flag.ContinueOnError)}
@@ -143,10 +144,14 @@ func Preflight(args []string) error {
 	for _, o := range coreoptions.Injectables {
 		o.AddFlags(fs)
 	}
+	var ours *Options
 	for _, o := range coreoptions.Injectables {
 		if err := o.Parse(fs, args...); err != nil {
-			return err
+			return nil, err
+		}
+		if mine, ok := o.(*Options); ok {
+			ours = mine
 		}
 	}
-	return nil
+	return ours, nil
 }
