@@ -2,7 +2,6 @@
 SHELL := /usr/bin/env bash -o pipefail
 # go.mod asks for Go 1.26.9; machines with an older local Go fetch it once.
 export GOTOOLCHAIN ?= auto
-export GOFLAGS ?= -mod=mod
 
 BIN_DIR ?= bin
 IMG ?= ghcr.io/autonode/karpenter-clusterapi:dev

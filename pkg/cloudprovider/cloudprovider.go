@@ -4,52 +4,210 @@ package cloudprovider
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/scheduling"
+	"sigs.k8s.io/karpenter/pkg/utils/resources"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
 // Name of this cloud provider, as Karpenter reports it.
 const Name = "clusterapi"
 
 // CloudProvider turns NodeClaims into Cluster API objects and back.
-type CloudProvider struct{}
+type CloudProvider struct {
+	kubeClient client.Client // the workload cluster
+	store      *instancetype.Store
+	md         *machinedeployment.Provider
+}
 
 var _ cloudprovider.CloudProvider = (*CloudProvider)(nil)
 
 // New returns the cloud provider.
-func New() *CloudProvider {
-	return &CloudProvider{}
+func New(kubeClient client.Client, store *instancetype.Store, md *machinedeployment.Provider) *CloudProvider {
+	return &CloudProvider{kubeClient: kubeClient, store: store, md: md}
 }
 
-var errNotYet = fmt.Errorf("not implemented yet")
-
+// Create launches a Machine for the NodeClaim and returns the NodeClaim
+// with its providerID, labels and resources, once the Machine has one.
 func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim) (*karpv1.NodeClaim, error) {
-	return nil, errNotYet
+	nodeClass, err := c.nodeClass(ctx, nodeClaim.Spec.NodeClassRef)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("resolving NodeClass of NodeClaim %s: %w", nodeClaim.Name, err))
+		}
+		return nil, fmt.Errorf("resolving NodeClass of NodeClaim %s: %w", nodeClaim.Name, err)
+	}
+	if ready := nodeClass.StatusConditions().Get(status.ConditionReady); ready.IsFalse() {
+		return nil, cloudprovider.NewNodeClassNotReadyError(fmt.Errorf("ClusterAPINodeClass %s: %s", nodeClass.Name, ready.Message))
+	}
+	if nodeClass.Spec.ScalableResourceSelector == nil {
+		return nil, cloudprovider.NewCreateError(fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate (Machine mode) is not supported by this version", nodeClass.Name),
+			"UnsupportedMode", "Machine mode is not supported by this version")
+	}
+	set, err := c.resolve(nodeClass)
+	if err != nil {
+		return nil, err
+	}
+	var chosen *instancetype.Source
+	m, err := c.md.Launch(ctx, nodeClaim.Name, func() (instancetype.Source, error) {
+		src, err := cheapest(set, nodeClaim)
+		if err != nil {
+			return instancetype.Source{}, err
+		}
+		chosen = &src
+		return src, nil
+	})
+	if err != nil {
+		if errors.Is(err, machinedeployment.ErrStillLaunching) {
+			return nil, cloudprovider.NewCreateError(err, "MachineLaunching", truncate(err.Error()))
+		}
+		return nil, err
+	}
+	// Record the binding on the NodeClaim: core persists it even when a
+	// later step fails, and Delete finds the Machine by it.
+	if nodeClaim.Annotations == nil {
+		nodeClaim.Annotations = map[string]string{}
+	}
+	nodeClaim.Annotations[v1alpha1.MachineAnnotation] = m.Namespace + "/" + m.Name
+	created := c.toNodeClaim(m)
+	if chosen != nil && created.Labels[corev1.LabelInstanceTypeStable] == "" {
+		fillFromSource(created, *chosen, m)
+	}
+	return created, nil
 }
 
+// cheapest picks the cheapest available offering compatible with the
+// NodeClaim's requirements and resources, and the object to launch it from.
+func cheapest(set *instancetype.Set, nodeClaim *karpv1.NodeClaim) (instancetype.Source, error) {
+	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
+	var best *instancetype.Source
+	bestPrice := 0.0
+	for _, it := range set.InstanceTypes {
+		if it.Requirements.Intersects(reqs) != nil {
+			continue
+		}
+		if !resources.Fits(nodeClaim.Spec.Resources.Requests, it.Allocatable()) {
+			continue
+		}
+		for _, of := range it.Offerings.Available().Compatible(reqs) {
+			key := instancetype.OfferingKey{InstanceType: it.Name, Zone: of.Zone(), CapacityType: of.CapacityType()}
+			for _, src := range set.Origins[key] {
+				if !src.Available {
+					continue
+				}
+				if best == nil || of.Price < bestPrice {
+					s := src
+					best, bestPrice = &s, of.Price
+				}
+				break
+			}
+		}
+	}
+	if best == nil {
+		return instancetype.Source{}, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: no available offering fits its requirements and resources", nodeClaim.Name))
+	}
+	return *best, nil
+}
+
+// Delete removes the NodeClaim's Machine. It returns NodeClaimNotFoundError
+// once the Machine is gone.
 func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim) error {
-	return errNotYet
+	var machine *types.NamespacedName
+	if ref := nodeClaim.Annotations[v1alpha1.MachineAnnotation]; ref != "" {
+		ns, name, ok := strings.Cut(ref, "/")
+		if !ok || ns == "" || name == "" {
+			return fmt.Errorf("NodeClaim %s: annotation %s %q is not <namespace>/<name>", nodeClaim.Name, v1alpha1.MachineAnnotation, ref)
+		}
+		machine = &types.NamespacedName{Namespace: ns, Name: name}
+	}
+	err := c.md.Release(ctx, nodeClaim.Name, machine, nodeClaim.Status.ProviderID)
+	if errors.Is(err, machinedeployment.ErrMachineGone) {
+		return cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("NodeClaim %s: Machine is gone", nodeClaim.Name))
+	}
+	return err
 }
 
+// Get returns the NodeClaim of the Machine with this providerID.
 func (c *CloudProvider) Get(ctx context.Context, providerID string) (*karpv1.NodeClaim, error) {
-	return nil, errNotYet
+	m, err := c.md.MachineByProviderID(ctx, providerID)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no Karpenter-managed Machine has providerID %s", providerID))
+	}
+	return c.toNodeClaim(m), nil
 }
 
+// List returns a NodeClaim for every Karpenter-managed Machine with a providerID.
 func (c *CloudProvider) List(ctx context.Context) ([]*karpv1.NodeClaim, error) {
-	return nil, nil
+	machines, err := c.md.Machines(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*karpv1.NodeClaim, 0, len(machines))
+	for _, m := range machines {
+		out = append(out, c.toNodeClaim(m))
+	}
+	return out, nil
 }
 
+// GetInstanceTypes returns every instance type the NodePool's NodeClass
+// resolves to, including those without available offerings.
 func (c *CloudProvider) GetInstanceTypes(ctx context.Context, nodePool *karpv1.NodePool) ([]*cloudprovider.InstanceType, error) {
-	return nil, nil
+	nodeClass, err := c.nodeClass(ctx, nodePool.Spec.Template.Spec.NodeClassRef)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("resolving NodeClass of NodePool %s: %w", nodePool.Name, err)
+	}
+	if nodeClass.Spec.ScalableResourceSelector == nil {
+		return nil, nil
+	}
+	set, err := c.resolve(nodeClass)
+	if err != nil {
+		return nil, err
+	}
+	return set.InstanceTypes, nil
 }
 
+func (c *CloudProvider) resolve(nodeClass *v1alpha1.ClusterAPINodeClass) (*instancetype.Set, error) {
+	sel, err := metav1.LabelSelectorAsSelector(nodeClass.Spec.ScalableResourceSelector)
+	if err != nil {
+		return nil, fmt.Errorf("ClusterAPINodeClass %s: spec.scalableResourceSelector: %w", nodeClass.Name, err)
+	}
+	return c.store.Resolve(sel, sel.String()), nil
+}
+
+func (c *CloudProvider) nodeClass(ctx context.Context, ref *karpv1.NodeClassReference) (*v1alpha1.ClusterAPINodeClass, error) {
+	if ref == nil {
+		return nil, apierrors.NewNotFound(v1alpha1.SchemeGroupVersion.WithResource("clusterapinodeclasses").GroupResource(), "")
+	}
+	nc := &v1alpha1.ClusterAPINodeClass{}
+	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: ref.Name}, nc); err != nil {
+		return nil, err
+	}
+	return nc, nil
+}
+
+// IsDrifted reports no drift yet.
 func (c *CloudProvider) IsDrifted(ctx context.Context, nodeClaim *karpv1.NodeClaim) (cloudprovider.DriftReason, error) {
 	return "", nil
 }
@@ -75,8 +233,59 @@ func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy {
 	}
 }
 
+// Name of the cloud provider.
 func (c *CloudProvider) Name() string { return Name }
 
+// GetSupportedNodeClasses returns the ClusterAPINodeClass.
 func (c *CloudProvider) GetSupportedNodeClasses() []status.Object {
 	return []status.Object{&v1alpha1.ClusterAPINodeClass{}}
+}
+
+// toNodeClaim describes a Machine as a NodeClaim, with the labels and
+// resources of the instance type its MachineDeployment yields.
+func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine) *karpv1.NodeClaim {
+	nc := &karpv1.NodeClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:              m.Annotations[v1alpha1.NodeClaimAnnotation],
+			Labels:            map[string]string{},
+			Annotations:       map[string]string{v1alpha1.MachineAnnotation: m.Namespace + "/" + m.Name},
+			CreationTimestamp: m.CreationTimestamp,
+		},
+		Status: karpv1.NodeClaimStatus{ProviderID: m.Spec.ProviderID},
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		nc.DeletionTimestamp = m.DeletionTimestamp
+	}
+	if md := m.Labels[clusterv1.MachineDeploymentNameLabel]; md != "" {
+		if src, ok := c.store.Get(types.NamespacedName{Namespace: m.Namespace, Name: md}); ok && src.Err == nil {
+			fillFromSource(nc, src, m)
+		}
+	}
+	return nc
+}
+
+func fillFromSource(nc *karpv1.NodeClaim, src instancetype.Source, m *clusterv1.Machine) {
+	for k, v := range src.NodeLabels {
+		nc.Labels[k] = v
+	}
+	nc.Labels[corev1.LabelInstanceTypeStable] = src.Name
+	nc.Labels[corev1.LabelArchStable] = src.Arch
+	nc.Labels[corev1.LabelOSStable] = src.OS
+	nc.Labels[karpv1.CapacityTypeLabelKey] = src.CapacityType
+	zone := m.Spec.FailureDomain
+	if zone == "" {
+		zone = src.Zone
+	}
+	if zone != "" {
+		nc.Labels[corev1.LabelTopologyZone] = zone
+	}
+	nc.Status.Capacity = src.Capacity.DeepCopy()
+	nc.Status.Allocatable = instancetype.Allocatable(src.Capacity, instancetype.Overhead(src.Capacity))
+}
+
+func truncate(s string) string {
+	if len(s) > 1000 {
+		return s[:997] + "..."
+	}
+	return s
 }

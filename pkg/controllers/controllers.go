@@ -7,12 +7,16 @@ import (
 
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/pkg/nodeclass"
 )
 
-// NewControllers returns the provider's controllers.
-func NewControllers(kubeClient client.Client, h *hub.Hub) []controller.Controller {
+// NewControllers returns the provider's controllers. kubeClient and
+// kubeAPIReader are the workload cluster's cached client and live reader.
+func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hub.Hub, store *instancetype.Store, md *machinedeployment.Provider) []controller.Controller {
 	return []controller.Controller{
-		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h)),
+		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store), store.Changes()),
+		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
 	}
 }

@@ -40,6 +40,9 @@ func New(cfg *rest.Config, scheme *runtime.Scheme, scope Scope) (*Hub, error) {
 	c, err := cluster.New(cfg, func(o *cluster.Options) {
 		o.Scheme = scheme
 		o.Cache = cacheOpts
+		// Infrastructure and bootstrap templates of any provider are read as
+		// unstructured objects; serve them from informers too.
+		o.Client = client.Options{Cache: &client.CacheOptions{Unstructured: true}}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("building management cluster client: %w", err)

@@ -16,17 +16,18 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
-	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 )
 
 // Resolver resolves NodeClasses against the hub.
 type Resolver struct {
-	hub *hub.Hub
+	hub   *hub.Hub
+	store *instancetype.Store
 }
 
-// NewResolver returns a resolver reading from the hub.
-func NewResolver(h *hub.Hub) *Resolver {
-	return &Resolver{hub: h}
+// NewResolver returns a resolver reading from the hub and the instance-type store.
+func NewResolver(h *hub.Hub, store *instancetype.Store) *Resolver {
+	return &Resolver{hub: h, store: store}
 }
 
 var _ nodeclassstatus.Resolver = (*Resolver)(nil)
@@ -42,16 +43,17 @@ func (r *Resolver) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass
 	return nodeclassstatus.Resolution{}, fmt.Errorf("neither spec.scalableResourceSelector nor spec.machineTemplate is set")
 }
 
-func (r *Resolver) resolveMachineDeployments(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
-	mds, err := machinedeployment.Select(ctx, r.hub.GetClient(), r.hub.Scope, nc.Spec.ScalableResourceSelector)
+func (r *Resolver) resolveMachineDeployments(_ context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
+	sel, err := metav1.LabelSelectorAsSelector(nc.Spec.ScalableResourceSelector)
 	if err != nil {
-		return nodeclassstatus.Resolution{}, err
+		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.scalableResourceSelector is not a valid label selector: %w", err)
 	}
-	names := map[string]struct{}{}
-	for _, md := range mds {
-		names[instanceTypeName(md.Spec.Template.Labels, md.Name)] = struct{}{}
+	set := r.store.Resolve(sel, sel.String())
+	res := nodeclassstatus.Resolution{Problems: set.Problems}
+	for _, it := range set.InstanceTypes {
+		res.InstanceTypes = append(res.InstanceTypes, it.Name)
 	}
-	return nodeclassstatus.Resolution{InstanceTypes: sortedKeys(names)}, nil
+	return res, nil
 }
 
 func (r *Resolver) resolveTemplates(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {

@@ -27,6 +27,8 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
 )
 
@@ -85,6 +87,9 @@ func NewOperator(ctx context.Context, core *coreoperator.Operator) (*Operator, e
 		}
 		return nil, fmt.Errorf("--%s: discovering Cluster API on %s: %w", flagName, hubCfg.Host, err)
 	}
+	if err := h.SetupIndexes(ctx); err != nil {
+		return nil, err
+	}
 	if err := core.Add(h); err != nil {
 		return nil, fmt.Errorf("adding the management cluster cache: %w", err)
 	}
@@ -108,7 +113,9 @@ func hubConfig(opts *options.Options, spoke *rest.Config) (*rest.Config, string,
 // Run wires core's controllers with this provider and the provider's own
 // controllers, then runs until ctx ends. It is what main.go runs.
 func (o *Operator) Run(ctx context.Context) {
-	undecorated := cloudprovider.New()
+	store := instancetype.NewStore()
+	mdProvider := machinedeployment.NewProvider(o.Hub, store)
+	undecorated := cloudprovider.New(o.GetClient(), store, mdProvider)
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))
 	clusterState := state.NewCluster(o.Clock, o.GetClient(), cloudProvider, state.WithRepairPolicyMatcher(repairPolicyMatcher))
@@ -125,6 +132,6 @@ func (o *Operator) Run(ctx context.Context) {
 		o.InstanceTypeStore,
 		o.PredictionStore,
 	)...).
-		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.Hub)...).
+		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider)...).
 		Start(ctx)
 }

@@ -54,8 +54,12 @@ func NewMachineDeployment(o MachineDeploymentOptions) *clusterv1.MachineDeployme
 		secret = o.ClusterName + "-bootstrap"
 	}
 	replicas := o.Replicas
+	annotations := map[string]string{}
+	for k, v := range o.Annotations {
+		annotations[k] = v
+	}
 	return &clusterv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, Labels: labels, Annotations: o.Annotations},
+		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, Labels: labels, Annotations: annotations},
 		Spec: clusterv1.MachineDeploymentSpec{
 			ClusterName: o.ClusterName,
 			Replicas:    &replicas,

@@ -43,6 +43,11 @@ func waitReady(t *testing.T, name string, want metav1.ConditionStatus) *v1alpha1
 	return nc
 }
 
+var m5LargeCapacity = map[string]string{
+	"capacity.cluster-autoscaler.kubernetes.io/cpu":    "2",
+	"capacity.cluster-autoscaler.kubernetes.io/memory": "8Gi",
+}
+
 func TestNodeClassReadyFollowsMachineDeploymentsInScope(t *testing.T) {
 	ctx := context.Background()
 	for _, ns := range []string{scopedNamespace, "team-b"} {
@@ -72,6 +77,7 @@ func TestNodeClassReadyFollowsMachineDeploymentsInScope(t *testing.T) {
 	}
 	for _, o := range outside {
 		o.Member = true
+		o.Annotations = m5LargeCapacity
 		o.Labels = map[string]string{"pool": "general"}
 		o.TemplateLabels = map[string]string{corev1.LabelInstanceTypeStable: "m5.large"}
 		if err := hub.Client.Create(ctx, environment.NewMachineDeployment(*o)); err != nil {
@@ -81,6 +87,7 @@ func TestNodeClassReadyFollowsMachineDeploymentsInScope(t *testing.T) {
 	// In scope but without the member label: not eligible either.
 	if err := hub.Client.Create(ctx, environment.NewMachineDeployment(environment.MachineDeploymentOptions{
 		Namespace: scopedNamespace, Name: "not-a-member", ClusterName: scopedCluster, Labels: map[string]string{"pool": "general"},
+		Annotations: m5LargeCapacity, TemplateLabels: map[string]string{corev1.LabelInstanceTypeStable: "m5.large"},
 	})); err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +100,7 @@ func TestNodeClassReadyFollowsMachineDeploymentsInScope(t *testing.T) {
 		Namespace: scopedNamespace, Name: "general-m5", ClusterName: scopedCluster, Member: true,
 		Labels:         map[string]string{"pool": "general"},
 		TemplateLabels: map[string]string{corev1.LabelInstanceTypeStable: "m5.large"},
+		Annotations:    m5LargeCapacity,
 	})
 	if err := hub.Client.Create(ctx, md); err != nil {
 		t.Fatal(err)

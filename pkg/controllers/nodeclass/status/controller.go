@@ -14,10 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"k8s.io/client-go/tools/record"
 	controllerruntime "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -58,11 +59,14 @@ type Controller struct {
 	kubeClient client.Client
 	hub        *hub.Hub
 	resolver   Resolver
+	changes    <-chan struct{}
+	recorder   record.EventRecorder
 }
 
-// NewController returns the status controller.
-func NewController(kubeClient client.Client, h *hub.Hub, resolver Resolver) *Controller {
-	return &Controller{kubeClient: kubeClient, hub: h, resolver: resolver}
+// NewController returns the status controller. changes signals that what
+// the resolver reads changed.
+func NewController(kubeClient client.Client, h *hub.Hub, resolver Resolver, changes <-chan struct{}) *Controller {
+	return &Controller{kubeClient: kubeClient, hub: h, resolver: resolver, changes: changes}
 }
 
 // Name of the controller.
@@ -80,6 +84,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	stored := nodeClass.DeepCopy()
 	res, resolveErr := c.resolver.Resolve(ctx, nodeClass)
+	c.announceProblems(nodeClass, res.Problems)
 	conditions := nodeClass.StatusConditions()
 	switch {
 	case resolveErr != nil:
@@ -108,6 +113,24 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, resolveErr
 	}
 	return reconcile.Result{RequeueAfter: resyncPeriod}, nil
+}
+
+// announceProblems publishes an event per problem not announced before (the
+// condition message holds the ones already known), so users see each bad
+// object once in `kubectl describe`, not at every resync.
+func (c *Controller) announceProblems(nc *v1alpha1.ClusterAPINodeClass, problems []string) {
+	if c.recorder == nil {
+		return
+	}
+	known := ""
+	if cond := nc.StatusConditions().Get(v1alpha1.ConditionTypeInstanceTypesResolved); cond != nil {
+		known = cond.Message
+	}
+	for _, p := range problems {
+		if !strings.Contains(known, p) {
+			c.recorder.Event(nc, "Warning", "SelectionProblem", truncate(p))
+		}
+	}
 }
 
 func nothingMessage(nc *v1alpha1.ClusterAPINodeClass, scope hub.Scope, problems []string) string {
@@ -139,16 +162,30 @@ func truncate(s string) string {
 	return s
 }
 
-// Register watches NodeClasses in the workload cluster and MachineDeployments
-// in the hub: a change to either can change readiness.
-func (c *Controller) Register(_ context.Context, m manager.Manager) error {
+// Register watches NodeClasses in the workload cluster and what they
+// resolve to in the hub: a change to either can change readiness.
+func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
+	c.recorder = m.GetEventRecorderFor("karpenter-clusterapi") //nolint:staticcheck // the events API recorder needs a different sink; core uses this one too
+	events := make(chan event.GenericEvent, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.changes:
+				select {
+				case events <- event.GenericEvent{Object: &v1alpha1.ClusterAPINodeClass{}}:
+				default: // one queued refresh covers every change so far
+				}
+			}
+		}
+	}()
 	return controllerruntime.NewControllerManagedBy(m).
 		Named(c.Name()).
 		For(&v1alpha1.ClusterAPINodeClass{}).
-		WatchesRawSource(source.Kind(c.hub.GetCache(), &clusterv1.MachineDeployment{},
-			handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ *clusterv1.MachineDeployment) []reconcile.Request {
-				return c.allNodeClasses(ctx)
-			}))).
+		WatchesRawSource(source.Channel(events, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			return c.allNodeClasses(ctx)
+		}))).
 		WithOptions(controller.Options{
 			RateLimiter:             reasonable.RateLimiter(),
 			MaxConcurrentReconciles: 1,

@@ -1,0 +1,150 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+)
+
+// Field indexes of the hub cache: every lookup the provider makes on a hot
+// path is an index hit, never a list-and-scan.
+const (
+	// IndexMachineProviderID indexes Machines by spec.providerID.
+	IndexMachineProviderID = "spec.providerID"
+	// IndexMachineNodeClaim indexes Machines by the NodeClaim they are bound to.
+	IndexMachineNodeClaim = "metadata.annotations.nodeclaim"
+	// IndexMachineDeploymentPendingClaim indexes MachineDeployments by the
+	// NodeClaims a replica was raised for and that no Machine is bound to yet.
+	IndexMachineDeploymentPendingClaim = "metadata.annotations.pendingNodeClaims"
+	// IndexMachineDeploymentInfraTemplate indexes MachineDeployments by their
+	// infrastructure template as "<apiGroup>/<kind>/<name>".
+	IndexMachineDeploymentInfraTemplate = "spec.template.spec.infrastructureRef"
+)
+
+// Annotations the provider keeps on MachineDeployments so that a replica it
+// raised or lowered is accounted for exactly once, across restarts.
+const (
+	// PendingNodeClaimsAnnotation maps NodeClaim names to the time a replica
+	// was raised for them; an entry leaves when a Machine is bound.
+	PendingNodeClaimsAnnotation = v1alpha1.Group + "/pending-nodeclaims"
+	// ReleasedMachinesAnnotation lists Machines marked for deletion whose
+	// replica was already given back; an entry leaves when the Machine is gone.
+	ReleasedMachinesAnnotation = v1alpha1.Group + "/released-machines"
+)
+
+// InfraTemplateKey is the IndexMachineDeploymentInfraTemplate key of a template.
+func InfraTemplateKey(apiGroup, kind, name string) string {
+	return apiGroup + "/" + kind + "/" + name
+}
+
+// SetupIndexes registers the hub cache's field indexes. Call before start.
+func (h *Hub) SetupIndexes(ctx context.Context) error {
+	idx := h.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &clusterv1.Machine{}, IndexMachineProviderID, func(o client.Object) []string {
+		if id := o.(*clusterv1.Machine).Spec.ProviderID; id != "" {
+			return []string{id}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing Machines by providerID: %w", err)
+	}
+	if err := idx.IndexField(ctx, &clusterv1.Machine{}, IndexMachineNodeClaim, func(o client.Object) []string {
+		if name := o.GetAnnotations()[v1alpha1.NodeClaimAnnotation]; name != "" {
+			return []string{name}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing Machines by NodeClaim: %w", err)
+	}
+	if err := idx.IndexField(ctx, &clusterv1.MachineDeployment{}, IndexMachineDeploymentPendingClaim, func(o client.Object) []string {
+		pending, _ := PendingNodeClaims(o)
+		out := make([]string, 0, len(pending))
+		for name := range pending {
+			out = append(out, name)
+		}
+		return out
+	}); err != nil {
+		return fmt.Errorf("indexing MachineDeployments by pending NodeClaim: %w", err)
+	}
+	if err := idx.IndexField(ctx, &clusterv1.MachineDeployment{}, IndexMachineDeploymentInfraTemplate, func(o client.Object) []string {
+		ref := o.(*clusterv1.MachineDeployment).Spec.Template.Spec.InfrastructureRef
+		return []string{InfraTemplateKey(ref.APIGroup, ref.Kind, ref.Name)}
+	}); err != nil {
+		return fmt.Errorf("indexing MachineDeployments by infrastructure template: %w", err)
+	}
+	return nil
+}
+
+// PendingNodeClaims parses the pending-nodeclaims annotation. A malformed
+// value (edited by hand) reads as empty with an error naming the key.
+func PendingNodeClaims(o client.Object) (map[string]time.Time, error) {
+	raw, ok := o.GetAnnotations()[PendingNodeClaimsAnnotation]
+	if !ok || raw == "" {
+		return map[string]time.Time{}, nil
+	}
+	out := map[string]time.Time{}
+	if err := json.Unmarshal([]byte(raw), &out); err != nil {
+		return map[string]time.Time{}, fmt.Errorf("%s/%s: annotation %q is not a JSON map of NodeClaim names to times: %w",
+			o.GetNamespace(), o.GetName(), PendingNodeClaimsAnnotation, err)
+	}
+	return out, nil
+}
+
+// ReleasedMachines parses the released-machines annotation.
+func ReleasedMachines(o client.Object) (map[string]bool, error) {
+	raw, ok := o.GetAnnotations()[ReleasedMachinesAnnotation]
+	out := map[string]bool{}
+	if !ok || raw == "" {
+		return out, nil
+	}
+	var names []string
+	if err := json.Unmarshal([]byte(raw), &names); err != nil {
+		return out, fmt.Errorf("%s/%s: annotation %q is not a JSON list of Machine names: %w", o.GetNamespace(), o.GetName(), ReleasedMachinesAnnotation, err)
+	}
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
+}
+
+// SetPendingNodeClaims writes the pending-nodeclaims annotation (removed when empty).
+func SetPendingNodeClaims(o client.Object, pending map[string]time.Time) {
+	ann := o.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	if len(pending) == 0 {
+		delete(ann, PendingNodeClaimsAnnotation)
+	} else {
+		data, _ := json.Marshal(pending) // map[string]time.Time always marshals
+		ann[PendingNodeClaimsAnnotation] = string(data)
+	}
+	o.SetAnnotations(ann)
+}
+
+// SetReleasedMachines writes the released-machines annotation (removed when empty).
+func SetReleasedMachines(o client.Object, released map[string]bool) {
+	ann := o.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	if len(released) == 0 {
+		delete(ann, ReleasedMachinesAnnotation)
+	} else {
+		names := make([]string, 0, len(released))
+		for n := range released {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		data, _ := json.Marshal(names)
+		ann[ReleasedMachinesAnnotation] = string(data)
+	}
+	o.SetAnnotations(ann)
+}

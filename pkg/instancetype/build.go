@@ -1,0 +1,188 @@
+package instancetype
+
+import (
+	"fmt"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/scheduling"
+)
+
+// OfferingKey names one offering of one instance type.
+type OfferingKey struct {
+	InstanceType, Zone, CapacityType string
+}
+
+// Set is the instance types a NodeClass resolves to, and for each offering
+// the objects it can launch from, best first.
+type Set struct {
+	InstanceTypes []*cloudprovider.InstanceType
+	Origins       map[OfferingKey][]Source
+	// Problems are reasons some sources were skipped or merged, each naming the object.
+	Problems []string
+}
+
+// Build merges sources into instance types: sources that yield the same
+// instance type become one instance type with one offering per zone and
+// capacity type. Unusable sources are reported, not returned.
+func Build(sources []Source) *Set {
+	set := &Set{Origins: map[OfferingKey][]Source{}}
+	byName := map[string][]Source{}
+	for _, s := range sources {
+		set.Problems = append(set.Problems, s.Problems...)
+		if s.Err != nil {
+			set.Problems = append(set.Problems, s.Err.Error())
+			continue
+		}
+		byName[s.Name] = append(byName[s.Name], s)
+	}
+	names := make([]string, 0, len(byName))
+	for n := range byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		group := byName[name]
+		sort.Slice(group, func(i, j int) bool { return originLess(group[i].Origin, group[j].Origin) })
+		it, kept := buildOne(name, group, set)
+		set.InstanceTypes = append(set.InstanceTypes, it)
+		for _, s := range kept {
+			k := OfferingKey{InstanceType: name, Zone: s.Zone, CapacityType: s.CapacityType}
+			set.Origins[k] = append(set.Origins[k], s)
+		}
+	}
+	for k, origins := range set.Origins {
+		sort.SliceStable(origins, func(i, j int) bool {
+			if origins[i].Available != origins[j].Available {
+				return origins[i].Available
+			}
+			return origins[i].Price < origins[j].Price
+		})
+		set.Origins[k] = origins
+	}
+	return set
+}
+
+func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceType, []Source) {
+	first := group[0]
+	kept := []Source{first}
+	for _, s := range group[1:] {
+		if !equality.Semantic.DeepEqual(s.Capacity, first.Capacity) || s.Arch != first.Arch || s.OS != first.OS {
+			set.Problems = append(set.Problems, fmt.Sprintf(
+				"MachineDeployment %s yields instance type %s with a different capacity or architecture than %s: it is skipped; give it a distinct instance type",
+				s.Origin, name, first.Origin))
+			continue
+		}
+		kept = append(kept, s)
+	}
+
+	type offer struct {
+		price     float64
+		available bool
+	}
+	offers := map[OfferingKey]*offer{}
+	var zones, capacityTypes []string
+	for _, s := range kept {
+		k := OfferingKey{InstanceType: name, Zone: s.Zone, CapacityType: s.CapacityType}
+		o, ok := offers[k]
+		if !ok {
+			o = &offer{price: s.Price, available: s.Available}
+			offers[k] = o
+			if s.Zone != "" {
+				zones = appendUnique(zones, s.Zone)
+			}
+			capacityTypes = appendUnique(capacityTypes, s.CapacityType)
+			continue
+		}
+		// Several origins for one offering: it is as cheap as the cheapest
+		// and available while any can grow.
+		if s.Available && (!o.available || s.Price < o.price) {
+			o.price = s.Price
+		}
+		o.available = o.available || s.Available
+	}
+
+	reqs := []*scheduling.Requirement{
+		scheduling.NewRequirement(corev1.LabelInstanceTypeStable, corev1.NodeSelectorOpIn, name),
+		scheduling.NewRequirement(corev1.LabelArchStable, corev1.NodeSelectorOpIn, first.Arch),
+		scheduling.NewRequirement(corev1.LabelOSStable, corev1.NodeSelectorOpIn, first.OS),
+		scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, capacityTypes...),
+	}
+	if len(zones) > 0 {
+		reqs = append(reqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, zones...))
+	}
+	for k, v := range commonLabels(kept) {
+		switch k {
+		case corev1.LabelInstanceTypeStable, corev1.LabelArchStable, corev1.LabelOSStable, corev1.LabelTopologyZone, karpv1.CapacityTypeLabelKey:
+			continue
+		}
+		reqs = append(reqs, scheduling.NewRequirement(k, corev1.NodeSelectorOpIn, v))
+	}
+
+	keys := make([]OfferingKey, 0, len(offers))
+	for k := range offers {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].Zone != keys[j].Zone {
+			return keys[i].Zone < keys[j].Zone
+		}
+		return keys[i].CapacityType < keys[j].CapacityType
+	})
+	offerings := make(cloudprovider.Offerings, 0, len(keys))
+	for _, k := range keys {
+		o := offers[k]
+		oreqs := []*scheduling.Requirement{scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, k.CapacityType)}
+		if k.Zone != "" {
+			oreqs = append(oreqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, k.Zone))
+		}
+		offerings = append(offerings, &cloudprovider.Offering{
+			Requirements: scheduling.NewRequirements(oreqs...),
+			Price:        o.price,
+			Available:    o.available,
+		})
+	}
+	return &cloudprovider.InstanceType{
+		Name:         name,
+		Requirements: scheduling.NewRequirements(reqs...),
+		Offerings:    offerings,
+		Capacity:     first.Capacity.DeepCopy(),
+		Overhead:     Overhead(first.Capacity),
+	}, kept
+}
+
+// commonLabels are the node labels every source of a group agrees on.
+func commonLabels(group []Source) map[string]string {
+	out := map[string]string{}
+	for k, v := range group[0].NodeLabels {
+		out[k] = v
+	}
+	for _, s := range group[1:] {
+		for k, v := range out {
+			if s.NodeLabels[k] != v {
+				delete(out, k)
+			}
+		}
+	}
+	return out
+}
+
+func appendUnique(list []string, v string) []string {
+	for _, x := range list {
+		if x == v {
+			return list
+		}
+	}
+	return append(list, v)
+}
+
+func originLess(a, b types.NamespacedName) bool {
+	if a.Namespace != b.Namespace {
+		return a.Namespace < b.Namespace
+	}
+	return a.Name < b.Name
+}

@@ -1,0 +1,98 @@
+package instancetype
+
+import (
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Store holds the Source of every origin in scope, kept current by a
+// controller watching the hub, and memoizes the Set each selector resolves
+// to until a source changes. GetInstanceTypes is called on every scheduling
+// pass; with the memo it costs a map lookup, not a rebuild.
+type Store struct {
+	mu         sync.RWMutex
+	sources    map[types.NamespacedName]Source
+	generation uint64
+	memo       map[string]memoEntry
+	changes    chan struct{}
+}
+
+type memoEntry struct {
+	generation uint64
+	set        *Set
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{sources: map[types.NamespacedName]Source{}, memo: map[string]memoEntry{}, changes: make(chan struct{}, 1)}
+}
+
+// Changes signals (coalesced) that sources changed.
+func (s *Store) Changes() <-chan struct{} { return s.changes }
+
+func (s *Store) changed() {
+	s.generation++
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
+// Put records the source of an origin.
+func (s *Store) Put(src Source) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.sources[src.Origin]; ok && equality.Semantic.DeepEqual(old, src) {
+		return // a resync or an unrelated event: keep the memo
+	}
+	s.sources[src.Origin] = src
+	s.changed()
+}
+
+// Delete forgets an origin.
+func (s *Store) Delete(origin types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.sources[origin]; ok {
+		delete(s.sources, origin)
+		s.changed()
+	}
+}
+
+// Get returns the source of an origin.
+func (s *Store) Get(origin types.NamespacedName) (Source, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	src, ok := s.sources[origin]
+	return src, ok
+}
+
+// Resolve returns the Set of the sources whose object labels match the
+// selector. memoKey must identify the selector (e.g. its String()).
+// The returned Set is shared: callers must not modify it.
+func (s *Store) Resolve(selector labels.Selector, memoKey string) *Set {
+	s.mu.RLock()
+	if e, ok := s.memo[memoKey]; ok && e.generation == s.generation {
+		s.mu.RUnlock()
+		return e.set
+	}
+	gen := s.generation
+	var matched []Source
+	for _, src := range s.sources {
+		if selector.Matches(labels.Set(src.ObjectLabels)) {
+			matched = append(matched, src)
+		}
+	}
+	s.mu.RUnlock()
+
+	set := Build(matched)
+	s.mu.Lock()
+	if s.generation == gen {
+		s.memo[memoKey] = memoEntry{generation: gen, set: set}
+	}
+	s.mu.Unlock()
+	return set
+}

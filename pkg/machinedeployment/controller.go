@@ -1,0 +1,355 @@
+package machinedeployment
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	controllerruntime "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+)
+
+// Timing of the controller's bookkeeping.
+const (
+	// bindSkew tolerates clock skew between this process and the hub API
+	// server when telling Machines created for a claim from older ones.
+	bindSkew = 10 * time.Second
+	// OrphanGrace is how long a pending replica or a bound Machine may exist
+	// without its NodeClaim before it is given back or released.
+	OrphanGrace = 30 * time.Second
+	// templateResync re-reads infrastructure templates of kinds the cache
+	// does not watch by type.
+	templateResync = 5 * time.Minute
+)
+
+// Controller keeps each MachineDeployment's instance-type Source current,
+// binds new Machines to the NodeClaims replicas were raised for, and gives
+// back replicas and Machines whose NodeClaim is gone.
+type Controller struct {
+	provider *Provider
+	spoke    client.Reader // cached NodeClaims
+	spokeAPI client.Reader // live reads to confirm a NodeClaim is gone
+}
+
+// NewController returns the controller.
+func NewController(p *Provider, spoke, spokeAPI client.Reader) *Controller {
+	return &Controller{provider: p, spoke: spoke, spokeAPI: spokeAPI}
+}
+
+// Name of the controller.
+func (c *Controller) Name() string { return "machinedeployment" }
+
+// Register watches MachineDeployments, their Machines and AWSMachineTemplates in the hub.
+func (c *Controller) Register(_ context.Context, m manager.Manager) error {
+	h := c.provider.hub
+	return controllerruntime.NewControllerManagedBy(m).
+		Named(c.Name()).
+		WatchesRawSource(source.Kind(h.GetCache(), &clusterv1.MachineDeployment{}, &handler.TypedEnqueueRequestForObject[*clusterv1.MachineDeployment]{})).
+		WatchesRawSource(source.Kind(h.GetCache(), &clusterv1.Machine{}, c.machineHandler())).
+		WatchesRawSource(source.Kind(h.GetCache(), &infrav1.AWSMachineTemplate{},
+			handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, t *infrav1.AWSMachineTemplate) []reconcile.Request {
+				return c.mdsUsingTemplate(ctx, infrav1.GroupVersion.Group, "AWSMachineTemplate", t.Namespace, t.Name)
+			}))).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 10}).
+		Complete(c)
+}
+
+// machineHandler wakes Launch waiters on every change of a bound Machine and
+// queues the MachineDeployment of an unbound one for binding.
+func (c *Controller) machineHandler() handler.TypedEventHandler[*clusterv1.Machine, reconcile.Request] {
+	enqueue := func(m *clusterv1.Machine, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
+			c.provider.waiters.notify(claim)
+		}
+		if md := m.Labels[clusterv1.MachineDeploymentNameLabel]; md != "" {
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: m.Namespace, Name: md}})
+		}
+	}
+	return handler.TypedFuncs[*clusterv1.Machine, reconcile.Request]{
+		CreateFunc: func(_ context.Context, e event.TypedCreateEvent[*clusterv1.Machine], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.Object, q)
+		},
+		UpdateFunc: func(_ context.Context, e event.TypedUpdateEvent[*clusterv1.Machine], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.ObjectNew, q)
+		},
+		DeleteFunc: func(_ context.Context, e event.TypedDeleteEvent[*clusterv1.Machine], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.Object, q)
+		},
+	}
+}
+
+func (c *Controller) mdsUsingTemplate(ctx context.Context, group, kind, namespace, name string) []reconcile.Request {
+	list := &clusterv1.MachineDeploymentList{}
+	if err := c.provider.hub.GetCache().List(ctx, list, client.InNamespace(namespace),
+		client.MatchingFields{hub.IndexMachineDeploymentInfraTemplate: hub.InfraTemplateKey(group, kind, name)}); err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return out
+}
+
+// Reconcile refreshes one MachineDeployment's Source and bookkeeping.
+func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	h := c.provider.hub
+	md := &clusterv1.MachineDeployment{}
+	if err := h.GetCache().Get(ctx, req.NamespacedName, md); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.provider.store.Delete(req.NamespacedName)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	_, member := md.Labels[v1alpha1.KarpenterMemberLabel]
+	if !member || !h.Scope.Contains(md, md.Spec.ClusterName) {
+		c.provider.store.Delete(req.NamespacedName)
+		return reconcile.Result{}, nil
+	}
+	template, typed, err := c.infraTemplate(ctx, md)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "reading infrastructure template", "MachineDeployment", req.NamespacedName)
+	}
+	c.provider.store.Put(instancetype.FromMachineDeployment(md, template))
+
+	requeue, err := c.reconcileBindings(ctx, md)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if !typed && requeue == 0 {
+		requeue = templateResync
+	}
+	return reconcile.Result{RequeueAfter: requeue}, nil
+}
+
+// infraTemplate reads the MachineDeployment's infrastructure template from
+// the cache; typed reports whether its kind's changes are watched.
+func (c *Controller) infraTemplate(ctx context.Context, md *clusterv1.MachineDeployment) (*unstructured.Unstructured, bool, error) {
+	ref := md.Spec.Template.Spec.InfrastructureRef
+	if ref.Name == "" {
+		return nil, true, nil
+	}
+	gk := schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind}
+	typed := gk == schema.GroupKind{Group: infrav1.GroupVersion.Group, Kind: "AWSMachineTemplate"}
+	mapping, err := c.provider.hub.GetRESTMapper().RESTMapping(gk)
+	if err != nil {
+		return nil, typed, fmt.Errorf("MachineDeployment %s/%s: spec.template.spec.infrastructureRef kind %s: %w", md.Namespace, md.Name, gk, err)
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(mapping.GroupVersionKind)
+	if typed {
+		t := &infrav1.AWSMachineTemplate{}
+		if err := c.provider.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: md.Namespace, Name: ref.Name}, t); err != nil {
+			return nil, typed, fmt.Errorf("MachineDeployment %s/%s: infrastructure template %s %s: %w", md.Namespace, md.Name, ref.Kind, ref.Name, err)
+		}
+		obj, err := toUnstructured(t)
+		if err != nil {
+			return nil, typed, err
+		}
+		return obj, typed, nil
+	}
+	if err := c.provider.hub.GetClient().Get(ctx, types.NamespacedName{Namespace: md.Namespace, Name: ref.Name}, u); err != nil {
+		return nil, typed, fmt.Errorf("MachineDeployment %s/%s: infrastructure template %s %s: %w", md.Namespace, md.Name, ref.Kind, ref.Name, err)
+	}
+	return u, typed, nil
+}
+
+// reconcileBindings binds new Machines to pending NodeClaims, drops pending
+// entries that are bound, forgets released Machines that are gone, and gives
+// back what belongs to NodeClaims that no longer exist. It returns when to
+// look again.
+func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.MachineDeployment) (time.Duration, error) {
+	p := c.provider
+	key := client.ObjectKeyFromObject(md)
+	pending, err := hub.PendingNodeClaims(md)
+	if err != nil {
+		return 0, err
+	}
+	released, err := hub.ReleasedMachines(md)
+	if err != nil {
+		return 0, err
+	}
+	machines := &clusterv1.MachineList{}
+	if err := p.hub.GetCache().List(ctx, machines, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		return 0, fmt.Errorf("listing Machines of MachineDeployment %s: %w", key, err)
+	}
+	now := p.now()
+	var ops []*op
+	var requeue time.Duration
+	later := func(d time.Duration) {
+		if requeue == 0 || d < requeue {
+			requeue = d
+		}
+	}
+
+	existing := map[string]bool{}
+	var candidates []*clusterv1.Machine
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		existing[m.Name] = true
+		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
+			if _, ok := pending[claim]; ok {
+				ops = append(ops, &op{kind: opBound, name: claim})
+				delete(pending, claim)
+			}
+			if gone, err := c.orphaned(ctx, m, claim, now); err != nil {
+				return 0, err
+			} else if gone {
+				log.FromContext(ctx).Info("releasing Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
+				if err := p.markForDeletion(ctx, m); err != nil && err != ErrMachineGone {
+					return 0, err
+				}
+				ops = append(ops, &op{kind: opRelease, name: m.Name})
+			} else if m.DeletionTimestamp.IsZero() {
+				later(OrphanGrace)
+			}
+			continue
+		}
+		_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
+		_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
+		if !member && !marked && m.DeletionTimestamp.IsZero() {
+			candidates = append(candidates, m)
+		}
+	}
+	for name := range released {
+		if !existing[name] {
+			ops = append(ops, &op{kind: opForget, name: name})
+		}
+	}
+
+	// Oldest claim gets the oldest new Machine.
+	claims := make([]string, 0, len(pending))
+	for claim := range pending {
+		claims = append(claims, claim)
+	}
+	sort.Slice(claims, func(i, j int) bool {
+		if !pending[claims[i]].Equal(pending[claims[j]]) {
+			return pending[claims[i]].Before(pending[claims[j]])
+		}
+		return claims[i] < claims[j]
+	})
+	sort.Slice(candidates, func(i, j int) bool {
+		return candidates[i].CreationTimestamp.Before(&candidates[j].CreationTimestamp)
+	})
+	for _, claim := range claims {
+		since := pending[claim]
+		// A Machine bound elsewhere (another MachineSet, or a race) settles it.
+		if m, err := p.BoundMachine(ctx, claim); err != nil {
+			return 0, err
+		} else if m != nil {
+			ops = append(ops, &op{kind: opBound, name: claim})
+			continue
+		}
+		gone, err := c.nodeClaimGone(ctx, claim, since, now)
+		if err != nil {
+			return 0, err
+		}
+		if gone {
+			log.FromContext(ctx).Info("giving back replica of a NodeClaim that is gone", "MachineDeployment", key, "NodeClaim", claim)
+			ops = append(ops, &op{kind: opGiveBack, name: claim})
+			p.inflight.Delete(claim)
+			continue
+		}
+		idx := -1
+		for i, m := range candidates {
+			if !m.CreationTimestamp.Time.Before(since.Add(-bindSkew)) {
+				idx = i
+				break
+			}
+		}
+		if idx < 0 {
+			later(OrphanGrace)
+			continue
+		}
+		m := candidates[idx]
+		candidates = append(candidates[:idx], candidates[idx+1:]...)
+		if err := c.bind(ctx, m, claim); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				later(time.Second)
+				continue
+			}
+			return 0, err
+		}
+		ops = append(ops, &op{kind: opBound, name: claim})
+	}
+	if len(ops) > 0 {
+		if err := p.scaler.Apply(ctx, key, ops...); err != nil {
+			return 0, err
+		}
+	}
+	return requeue, nil
+}
+
+// bind labels and annotates a Machine as the NodeClaim's. The optimistic
+// lock makes sure no one changed the Machine since it was read unbound.
+func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
+	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Labels[v1alpha1.KarpenterMemberLabel] = ""
+	m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
+	if err := c.provider.hub.GetClient().Patch(ctx, m, patch); err != nil {
+		return fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
+	}
+	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
+	c.provider.waiters.notify(claim)
+	return nil
+}
+
+// orphaned reports whether a bound Machine's NodeClaim is gone for longer
+// than the grace period, and the Machine is not being deleted already.
+func (c *Controller) orphaned(ctx context.Context, m *clusterv1.Machine, claim string, now time.Time) (bool, error) {
+	if !m.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	return c.nodeClaimGone(ctx, claim, m.CreationTimestamp.Time, now)
+}
+
+// nodeClaimGone reports whether a NodeClaim is gone: absent from the cache
+// AND from a live read, and its record older than the grace period. Any
+// error is returned as an error, never taken as gone.
+func (c *Controller) nodeClaimGone(ctx context.Context, claim string, since, now time.Time) (bool, error) {
+	if now.Sub(since) < OrphanGrace {
+		return false, nil
+	}
+	nc := &karpv1.NodeClaim{}
+	err := c.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc)
+	if err == nil || !apierrors.IsNotFound(err) {
+		return false, client.IgnoreNotFound(err)
+	}
+	err = c.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc)
+	switch {
+	case err == nil:
+		return false, nil
+	case apierrors.IsNotFound(err):
+		return true, nil
+	default:
+		return false, fmt.Errorf("reading NodeClaim %s: %w", claim, err)
+	}
+}

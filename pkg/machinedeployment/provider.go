@@ -1,0 +1,295 @@
+package machinedeployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+)
+
+// DefaultLaunchWait bounds how long Launch waits for a Machine's providerID
+// before returning a retryable error; the binding it started survives.
+const DefaultLaunchWait = 2 * time.Minute
+
+// ErrMachineGone means the Machine is truly gone (a live read said so).
+var ErrMachineGone = errors.New("machine not found")
+
+// ErrStillLaunching is returned when no providerID arrived within the wait.
+var ErrStillLaunching = errors.New("machine has no providerID yet")
+
+// Provider implements MachineDeployment mode.
+type Provider struct {
+	hub     *hub.Hub
+	store   *instancetype.Store
+	scaler  *Scaler
+	waiters *waiters
+	// inflight maps a NodeClaim to the MachineDeployment this process raised
+	// a replica for, until the hub cache shows the pending entry.
+	inflight sync.Map
+	// LaunchWait bounds one Launch call's wait for a providerID.
+	LaunchWait time.Duration
+	now        func() time.Time
+}
+
+// NewProvider returns the MachineDeployment mode provider.
+func NewProvider(h *hub.Hub, store *instancetype.Store) *Provider {
+	return &Provider{
+		hub:        h,
+		store:      store,
+		scaler:     NewScaler(h.GetClient(), h.GetCache(), h.GetAPIReader()),
+		waiters:    newWaiters(),
+		LaunchWait: DefaultLaunchWait,
+		now:        time.Now,
+	}
+}
+
+// Scaler returns the provider's batched MachineDeployment writer.
+func (p *Provider) Scaler() *Scaler { return p.scaler }
+
+// Launch makes sure a Machine is bound to the NodeClaim and returns it once
+// it has a providerID. It resumes what an earlier call (of this process or
+// of one before a restart) started: a bound Machine or a raised replica is
+// never started again. choose is called only when nothing was started yet.
+func (p *Provider) Launch(ctx context.Context, claim string, choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
+	m, err := p.BoundMachine(ctx, claim)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil {
+		started, err := p.reserved(ctx, claim)
+		if err != nil {
+			return nil, err
+		}
+		if !started {
+			src, err := choose()
+			if err != nil {
+				return nil, err
+			}
+			if err := p.scaler.Apply(ctx, src.Origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
+				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", src.Origin, claim, err)
+			}
+			p.inflight.Store(claim, src.Origin)
+		}
+	}
+	return p.waitForProviderID(ctx, claim)
+}
+
+// reserved reports whether a replica was already raised for the claim.
+func (p *Provider) reserved(ctx context.Context, claim string) (bool, error) {
+	if _, ok := p.inflight.Load(claim); ok {
+		return true, nil
+	}
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}); err != nil {
+		return false, fmt.Errorf("looking up MachineDeployments pending for NodeClaim %s: %w", claim, err)
+	}
+	return len(mds.Items) > 0, nil
+}
+
+func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {
+	timer := time.NewTimer(p.LaunchWait)
+	defer timer.Stop()
+	for {
+		ch := p.waiters.register(claim)
+		m, err := p.BoundMachine(ctx, claim)
+		if err != nil {
+			p.waiters.forget(claim, ch)
+			return nil, err
+		}
+		if m != nil {
+			if !m.DeletionTimestamp.IsZero() {
+				p.waiters.forget(claim, ch)
+				return nil, fmt.Errorf("Machine %s/%s bound to NodeClaim %s is being deleted", m.Namespace, m.Name, claim)
+			}
+			if m.Spec.ProviderID != "" {
+				p.waiters.forget(claim, ch)
+				p.inflight.Delete(claim)
+				return m, nil
+			}
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			p.waiters.forget(claim, ch)
+			if m != nil {
+				return nil, fmt.Errorf("Machine %s/%s for NodeClaim %s: %w", m.Namespace, m.Name, claim, ErrStillLaunching)
+			}
+			return nil, fmt.Errorf("NodeClaim %s: no Machine bound yet: %w", claim, ErrStillLaunching)
+		case <-ctx.Done():
+			p.waiters.forget(claim, ch)
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// BoundMachine returns the Machine bound to the NodeClaim, or nil.
+func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := p.hub.GetCache().List(ctx, list, client.MatchingFields{hub.IndexMachineNodeClaim: claim}); err != nil {
+		return nil, fmt.Errorf("looking up the Machine of NodeClaim %s: %w", claim, err)
+	}
+	for i := range list.Items {
+		m := &list.Items[i]
+		if p.owned(m) {
+			return m, nil
+		}
+	}
+	return nil, nil
+}
+
+// owned reports whether a Machine is in scope and carries the member label.
+func (p *Provider) owned(m *clusterv1.Machine) bool {
+	_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
+	return member && p.hub.Scope.Contains(m, m.Spec.ClusterName)
+}
+
+// Release starts the removal of the Machine bound to a NodeClaim: it marks
+// the Machine for deletion and lowers its MachineDeployment's replicas
+// (batched). It returns ErrMachineGone once the Machine is gone. machine is
+// the Machine recorded on the NodeClaim, when known.
+func (p *Provider) Release(ctx context.Context, claim string, machine *types.NamespacedName, providerID string) error {
+	m, err := p.findMachine(ctx, claim, machine, providerID)
+	if err != nil {
+		return err
+	}
+	if m == nil {
+		// No Machine: give back a replica raised for the claim, if any.
+		if err := p.giveBack(ctx, claim); err != nil {
+			return err
+		}
+		return ErrMachineGone
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim || !p.owned(m) {
+		return fmt.Errorf("Machine %s/%s is not bound to NodeClaim %s: not touching it", m.Namespace, m.Name, claim)
+	}
+	mdName := m.Labels[clusterv1.MachineDeploymentNameLabel]
+	if mdName == "" {
+		return fmt.Errorf("Machine %s/%s has no label %s: cannot tell its MachineDeployment", m.Namespace, m.Name, clusterv1.MachineDeploymentNameLabel)
+	}
+	if err := p.markForDeletion(ctx, m); err != nil {
+		return err
+	}
+	return p.scaler.Apply(ctx, types.NamespacedName{Namespace: m.Namespace, Name: mdName}, &op{kind: opRelease, name: m.Name})
+}
+
+// markForDeletion annotates the Machine so that its MachineSet deletes it
+// first when replicas go down.
+func (p *Provider) markForDeletion(ctx context.Context, m *clusterv1.Machine) error {
+	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
+		return nil
+	}
+	patch := client.MergeFrom(m.DeepCopy())
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.DeleteMachineAnnotation] = p.now().UTC().Format(time.RFC3339)
+	if err := p.hub.GetClient().Patch(ctx, m, patch); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ErrMachineGone
+		}
+		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
+	}
+	return nil
+}
+
+// giveBack lowers the replicas raised for a claim that has no Machine.
+func (p *Provider) giveBack(ctx context.Context, claim string) error {
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}); err != nil {
+		return fmt.Errorf("looking up MachineDeployments pending for NodeClaim %s: %w", claim, err)
+	}
+	keys := map[types.NamespacedName]bool{}
+	for i := range mds.Items {
+		keys[client.ObjectKeyFromObject(&mds.Items[i])] = true
+	}
+	if v, ok := p.inflight.Load(claim); ok {
+		keys[v.(types.NamespacedName)] = true
+	}
+	for key := range keys {
+		if err := p.scaler.Apply(ctx, key, &op{kind: opGiveBack, name: claim}); err != nil {
+			return fmt.Errorf("giving back the replica raised for NodeClaim %s on MachineDeployment %s: %w", claim, key, err)
+		}
+	}
+	p.inflight.Delete(claim)
+	return nil
+}
+
+// findMachine finds the claim's Machine in the cache. When the cache has
+// none but a Machine name is known, a live read decides: only NotFound from
+// the API server means gone; any other error is returned as an error.
+func (p *Provider) findMachine(ctx context.Context, claim string, machine *types.NamespacedName, providerID string) (*clusterv1.Machine, error) {
+	if machine != nil {
+		m := &clusterv1.Machine{}
+		err := p.hub.GetCache().Get(ctx, *machine, m)
+		if err == nil {
+			return m, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("reading Machine %s: %w", machine, err)
+		}
+		err = p.hub.GetAPIReader().Get(ctx, *machine, m)
+		switch {
+		case err == nil:
+			return m, nil
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		default:
+			return nil, fmt.Errorf("reading Machine %s: %w", machine, err)
+		}
+	}
+	if providerID != "" {
+		m, err := p.MachineByProviderID(ctx, providerID)
+		if err != nil || m != nil {
+			return m, err
+		}
+	}
+	return p.BoundMachine(ctx, claim)
+}
+
+// MachineByProviderID returns the Karpenter-managed Machine with this
+// providerID from the cache, or nil.
+func (p *Provider) MachineByProviderID(ctx context.Context, providerID string) (*clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := p.hub.GetCache().List(ctx, list, client.MatchingFields{hub.IndexMachineProviderID: providerID}); err != nil {
+		return nil, fmt.Errorf("looking up the Machine with providerID %s: %w", providerID, err)
+	}
+	for i := range list.Items {
+		if p.owned(&list.Items[i]) {
+			return &list.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// Machines returns every Karpenter-managed Machine in scope that has a
+// providerID. The objects are shared with the cache: do not modify them.
+func (p *Provider) Machines(ctx context.Context) ([]*clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	sel := hub.HasLabel(labelsEverything(), v1alpha1.KarpenterMemberLabel)
+	opts := append(p.hub.Scope.ListOptions(sel), client.UnsafeDisableDeepCopy)
+	if err := p.hub.GetCache().List(ctx, list, opts...); err != nil {
+		return nil, fmt.Errorf("listing Machines: %w", err)
+	}
+	out := make([]*clusterv1.Machine, 0, len(list.Items))
+	for i := range list.Items {
+		m := &list.Items[i]
+		if m.Spec.ProviderID == "" || m.Annotations[v1alpha1.NodeClaimAnnotation] == "" || !p.hub.Scope.Contains(m, m.Spec.ClusterName) {
+			continue
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}

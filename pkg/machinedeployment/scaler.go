@@ -1,0 +1,210 @@
+package machinedeployment
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+)
+
+// op is one change to a MachineDeployment's replicas and bookkeeping. Each
+// op is idempotent: it says which entry to add or remove and changes
+// replicas only when the entry actually changes, so a retried, repeated or
+// resumed op never counts twice.
+type op struct {
+	kind    opKind
+	name    string // NodeClaim or Machine name
+	since   time.Time
+	applied chan error
+}
+
+type opKind int
+
+const (
+	// opReserve raises replicas by one for a NodeClaim (pending += claim).
+	opReserve opKind = iota
+	// opBound drops a NodeClaim that a Machine is now bound to (pending -= claim).
+	opBound
+	// opGiveBack lowers replicas for a NodeClaim that never got a Machine.
+	opGiveBack
+	// opRelease lowers replicas for a Machine marked for deletion.
+	opRelease
+	// opForget drops a released Machine that is gone.
+	opForget
+)
+
+// Scaler applies ops to MachineDeployments. Ops for one MachineDeployment
+// that arrive while an update is in flight are merged into the next update,
+// so a burst of NodeClaims costs one write per MachineDeployment, not one
+// per NodeClaim. Updates carry the resourceVersion they read (optimistic
+// concurrency) and are re-applied to a fresh read on conflict, so a replica
+// change someone else makes at the same time is never overwritten.
+type Scaler struct {
+	writer client.Client
+	reader client.Reader // live reads after a conflict
+	cache  client.Reader
+	// Observe, when set, is told the size of each batch written.
+	Observe func(batchSize int)
+
+	mu     sync.Mutex
+	queues map[types.NamespacedName]*queue
+}
+
+type queue struct {
+	ops     []*op
+	running bool
+}
+
+// NewScaler returns a scaler that reads from cache, writes with writer and
+// re-reads live from reader on conflict.
+func NewScaler(writer client.Client, cache, reader client.Reader) *Scaler {
+	return &Scaler{writer: writer, cache: cache, reader: reader, queues: map[types.NamespacedName]*queue{}}
+}
+
+// Apply queues ops for a MachineDeployment and waits until they are written.
+func (s *Scaler) Apply(ctx context.Context, md types.NamespacedName, ops ...*op) error {
+	for _, o := range ops {
+		o.applied = make(chan error, 1)
+	}
+	s.mu.Lock()
+	q := s.queues[md]
+	if q == nil {
+		q = &queue{}
+		s.queues[md] = q
+	}
+	q.ops = append(q.ops, ops...)
+	if !q.running {
+		q.running = true
+		go s.drain(md, q)
+	}
+	s.mu.Unlock()
+	for _, o := range ops {
+		select {
+		case err := <-o.applied:
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (s *Scaler) drain(key types.NamespacedName, q *queue) {
+	for {
+		s.mu.Lock()
+		batch := q.ops
+		q.ops = nil
+		if len(batch) == 0 {
+			q.running = false
+			delete(s.queues, key)
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := s.write(ctx, key, batch)
+		cancel()
+		for _, o := range batch {
+			o.applied <- err
+		}
+	}
+}
+
+func (s *Scaler) write(ctx context.Context, key types.NamespacedName, batch []*op) error {
+	md := &clusterv1.MachineDeployment{}
+	if err := s.cache.Get(ctx, key, md); err != nil {
+		return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
+	}
+	for attempt := 0; ; attempt++ {
+		changed, err := applyOps(md, batch)
+		if err != nil {
+			return err
+		}
+		if !changed {
+			return nil
+		}
+		err = s.writer.Update(ctx, md)
+		if err == nil {
+			if s.Observe != nil {
+				s.Observe(len(batch))
+			}
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt >= 10 {
+			return fmt.Errorf("updating MachineDeployment %s: %w", key, err)
+		}
+		md = &clusterv1.MachineDeployment{}
+		if err := s.reader.Get(ctx, key, md); err != nil {
+			return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
+		}
+	}
+}
+
+// applyOps changes md in place and reports whether anything changed.
+func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
+	pending, err := hub.PendingNodeClaims(md)
+	if err != nil {
+		// Never build on a value we cannot read: refuse and say why.
+		return false, err
+	}
+	released, err := hub.ReleasedMachines(md)
+	if err != nil {
+		return false, err
+	}
+	replicas := int32(0)
+	if md.Spec.Replicas != nil {
+		replicas = *md.Spec.Replicas
+	}
+	before := replicas
+	changed := false
+	for _, o := range batch {
+		switch o.kind {
+		case opReserve:
+			if _, ok := pending[o.name]; !ok {
+				pending[o.name] = o.since.UTC().Truncate(time.Second)
+				replicas++
+				changed = true
+			}
+		case opBound:
+			if _, ok := pending[o.name]; ok {
+				delete(pending, o.name)
+				changed = true
+			}
+		case opGiveBack:
+			if _, ok := pending[o.name]; ok {
+				delete(pending, o.name)
+				replicas = max(replicas-1, 0)
+				changed = true
+			}
+		case opRelease:
+			if !released[o.name] {
+				released[o.name] = true
+				replicas = max(replicas-1, 0)
+				changed = true
+			}
+		case opForget:
+			if released[o.name] {
+				delete(released, o.name)
+				changed = true
+			}
+		}
+	}
+	if !changed {
+		return false, nil
+	}
+	hub.SetPendingNodeClaims(md, pending)
+	hub.SetReleasedMachines(md, released)
+	if replicas != before {
+		md.Spec.Replicas = &replicas
+	}
+	return true, nil
+}

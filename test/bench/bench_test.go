@@ -1,0 +1,237 @@
+// Package bench measures the provider's hot paths against real API servers
+// and informer caches: go test -bench . ./test/bench/ (make bench).
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+	"github.com/autonode/karpenter-clusterapi/test/environment"
+)
+
+const (
+	namespace          = "bench"
+	clusterName        = "c1"
+	machineCount       = 10000
+	machineDeployments = 500
+)
+
+var (
+	cp       *cloudprovider.CloudProvider
+	store    *instancetype.Store
+	nodePool *karpv1.NodePool
+	mdList   []*clusterv1.MachineDeployment
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		os.Exit(m.Run()) // nothing to set up without benchmarks
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hubEnv, err := environment.StartHub()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer hubEnv.Stop()
+	spokeEnv, err := environment.StartSpoke()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer spokeEnv.Stop()
+	start := time.Now()
+	if err := populate(ctx, hubEnv.Client, spokeEnv.Client); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "created %d Machines and %d MachineDeployments in %s\n", machineCount, machineDeployments, time.Since(start).Round(time.Second))
+
+	h, err := hub.New(hubEnv.Config, scheme.Scheme, hub.Scope{Namespace: namespace, ClusterName: clusterName})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := h.SetupIndexes(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	spoke, err := cluster.New(spokeEnv.Config, func(o *cluster.Options) { o.Scheme = scheme.Scheme })
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	go func() { _ = h.Start(ctx) }()
+	go func() { _ = spoke.Start(ctx) }()
+	// Touch the informers the benchmarks use, then wait for them to sync.
+	_ = h.GetCache().List(ctx, &clusterv1.MachineList{}, client.InNamespace(namespace))
+	_ = spoke.GetCache().Get(ctx, client.ObjectKey{Name: "bench"}, &v1alpha1.ClusterAPINodeClass{})
+	if !h.GetCache().WaitForCacheSync(ctx) || !spoke.GetCache().WaitForCacheSync(ctx) {
+		fmt.Fprintln(os.Stderr, "caches did not sync")
+		return 1
+	}
+	store = instancetype.NewStore()
+	for _, md := range mdList {
+		store.Put(instancetype.FromMachineDeployment(md, nil))
+	}
+	cp = cloudprovider.New(spoke.GetClient(), store, machinedeployment.NewProvider(h, store))
+	nodePool = &karpv1.NodePool{Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+		NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: "bench"},
+	}}}}
+	return m.Run()
+}
+
+func populate(ctx context.Context, hubClient, spokeClient client.Client) error {
+	if err := hubClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		return err
+	}
+	if err := spokeClient.Create(ctx, &v1alpha1.ClusterAPINodeClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench"},
+		Spec:       v1alpha1.ClusterAPINodeClassSpec{ScalableResourceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "bench"}}},
+	}); err != nil {
+		return err
+	}
+	for i := 0; i < machineDeployments; i++ {
+		md := environment.NewMachineDeployment(environment.MachineDeploymentOptions{
+			Namespace: namespace, Name: fmt.Sprintf("md-%03d", i), ClusterName: clusterName, Member: true,
+			Labels:        map[string]string{"pool": "bench"},
+			FailureDomain: []string{"us-east-1a", "us-east-1b", "us-east-1c"}[i%3],
+			Annotations: map[string]string{
+				"capacity.cluster-autoscaler.kubernetes.io/cpu":    fmt.Sprint(2 << (i % 5)),
+				"capacity.cluster-autoscaler.kubernetes.io/memory": fmt.Sprintf("%dGi", 8<<(i%5)),
+				"capacity.cluster-autoscaler.kubernetes.io/labels": fmt.Sprintf("node.kubernetes.io/instance-type=type-%d", i/3),
+				v1alpha1.PriceAnnotation:                           fmt.Sprintf("0.%03d", 50+i),
+			},
+		})
+		mdList = append(mdList, md)
+	}
+	jobs := make(chan int)
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				var obj client.Object
+				if i < machineDeployments {
+					obj = mdList[i].DeepCopy()
+				} else {
+					n := i - machineDeployments
+					obj = &clusterv1.Machine{
+						ObjectMeta: metav1.ObjectMeta{
+							Namespace: namespace, Name: fmt.Sprintf("m-%05d", n),
+							Labels: map[string]string{
+								clusterv1.ClusterNameLabel:           clusterName,
+								clusterv1.MachineDeploymentNameLabel: fmt.Sprintf("md-%03d", n%machineDeployments),
+								v1alpha1.KarpenterMemberLabel:        "",
+							},
+							Annotations: map[string]string{v1alpha1.NodeClaimAnnotation: fmt.Sprintf("nc-%05d", n)},
+						},
+						Spec: clusterv1.MachineSpec{
+							ClusterName:       clusterName,
+							ProviderID:        providerID(n),
+							Bootstrap:         clusterv1.Bootstrap{DataSecretName: new(string)},
+							InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine", Name: fmt.Sprintf("m-%05d", n)},
+						},
+					}
+				}
+				if err := hubClient.Create(ctx, obj); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < machineDeployments+machineCount; i++ {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+func providerID(n int) string { return fmt.Sprintf("aws:///us-east-1a/i-%017x", n) }
+
+// BenchmarkGet: Get(providerID) with 10,000 Machines in the hub.
+func BenchmarkGet(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		nc, err := cp.Get(ctx, providerID(i%machineCount))
+		if err != nil || nc.Status.ProviderID == "" {
+			b.Fatalf("Get: %v", err)
+		}
+	}
+}
+
+// BenchmarkList: List with 10,000 Machines in the hub.
+func BenchmarkList(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		ncs, err := cp.List(ctx)
+		if err != nil || len(ncs) != machineCount {
+			b.Fatalf("List: %d, %v", len(ncs), err)
+		}
+	}
+}
+
+// BenchmarkGetInstanceTypes: 500 MachineDeployments, nothing changed since
+// the last call (the common case: every scheduling pass asks).
+func BenchmarkGetInstanceTypes(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		its, err := cp.GetInstanceTypes(ctx, nodePool)
+		if err != nil || len(its) == 0 {
+			b.Fatalf("GetInstanceTypes: %d, %v", len(its), err)
+		}
+	}
+}
+
+// BenchmarkGetInstanceTypesAfterChange: 500 MachineDeployments, one of which
+// changed before every call (the worst case: a full rebuild).
+func BenchmarkGetInstanceTypesAfterChange(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		src := instancetype.FromMachineDeployment(mdList[i%len(mdList)], nil)
+		src.Replicas = int32(i) // a replica change
+		store.Put(src)
+		if its, err := cp.GetInstanceTypes(ctx, nodePool); err != nil || len(its) == 0 {
+			b.Fatalf("GetInstanceTypes: %d, %v", len(its), err)
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/awslabs/operatorpkg/status"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+)
+
+// a + b: ten pods that each need a node get ten Machines, Nodes and
+// NodeClaims; scaling the workload to zero removes them all again.
+func TestScaleUpAndDownThroughAMachineDeployment(t *testing.T) {
+	pool(t, "a")
+	md := machineDeployment(t, "a", "a-m5-large", "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+	mds := []*clusterv1.MachineDeployment{md}
+	d := deployment(t, "a", "app-a", 10, "1500m") // one per m5.large (2 vCPU)
+
+	start := time.Now()
+	got := waitCounts(t, 6*time.Minute, "a", "app-a", mds, func(c counts) bool {
+		return c.RunningPods == 10 && c.Initialized == 10 && c.Nodes == 10 && c.BoundMachines == 10
+	})
+	t.Logf("10 pods running on 10 nodes after %s: %s", time.Since(start).Round(time.Second), got)
+	if got.NodeClaims != 10 || got.Machines != 10 || got.Replicas != 10 || got.UnboundMachines != 0 {
+		t.Fatalf("want exactly 10 NodeClaims, 10 Machines (all bound) and replicas 10, got %s", got)
+	}
+	if got.InstanceTypes["m5.large"] != 10 || got.Zones["us-east-1a"] != 10 {
+		t.Fatalf("NodeClaims must carry the instance type and zone of the MachineDeployment, got %v %v", got.InstanceTypes, got.Zones)
+	}
+
+	scaleDeployment(t, d, 0)
+	start = time.Now()
+	got = waitCounts(t, 6*time.Minute, "a", "app-a", mds, func(c counts) bool {
+		return c.NodeClaims == 0 && c.Nodes == 0 && c.Machines == 0 && c.Replicas == 0
+	})
+	t.Logf("scaled to zero after %s: %s", time.Since(start).Round(time.Second), got)
+	if got.Pending != 0 {
+		t.Fatalf("bookkeeping left on the MachineDeployment: %s", got)
+	}
+}
+
+// c: of two MachineDeployments that both fit, the cheaper one is used; a pod
+// only the bigger one fits goes there.
+func TestCheapestFittingMachineDeploymentIsUsed(t *testing.T) {
+	pool(t, "c")
+	small := machineDeployment(t, "c", "c-m5-large", "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+	big := machineDeployment(t, "c", "c-m5-xlarge", "m5.xlarge", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.192"})
+	mds := []*clusterv1.MachineDeployment{small, big}
+
+	deployment(t, "c", "app-c-small", 1, "1")
+	got := waitCounts(t, 4*time.Minute, "c", "app-c-small", mds, func(c counts) bool { return c.RunningPods == 1 })
+	if got.MachineDeploymentReplicas["c-m5-large"] != 1 || got.MachineDeploymentReplicas["c-m5-xlarge"] != 0 {
+		t.Fatalf("a 1-CPU pod fits both: want the cheaper m5.large, got replicas %v", got.MachineDeploymentReplicas)
+	}
+
+	deployment(t, "c", "app-c-big", 1, "3")
+	got = waitCounts(t, 4*time.Minute, "c", "app-c-big", mds, func(c counts) bool { return c.RunningPods == 1 })
+	if got.MachineDeploymentReplicas["c-m5-xlarge"] != 1 {
+		t.Fatalf("a 3-CPU pod fits only m5.xlarge, got replicas %v", got.MachineDeploymentReplicas)
+	}
+}
+
+// e: a MachineDeployment with malformed annotations is skipped, named with
+// the key on the NodeClass; the other keeps serving; nothing panics.
+func TestMalformedAnnotationSkipsOnlyThatMachineDeployment(t *testing.T) {
+	pool(t, "e")
+	bad := machineDeployment(t, "e", "e-bad", "m5.large", "us-east-1a", map[string]string{
+		"capacity.cluster-autoscaler.kubernetes.io/cpu":    "lots",
+		"capacity.cluster-autoscaler.kubernetes.io/taints": "x",
+		v1alpha1.PriceAnnotation:                           "0.01", // cheapest: would win if it were used
+	})
+	good := machineDeployment(t, "e", "e-good", "m5.large", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+
+	var msg string
+	err := WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
+		nc := &v1alpha1.ClusterAPINodeClass{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "e"}, nc); err != nil {
+			return false, err
+		}
+		cond := nc.StatusConditions().Get(v1alpha1.ConditionTypeInstanceTypesResolved)
+		if cond == nil {
+			return false, nil
+		}
+		msg = cond.Message
+		return nc.StatusConditions().Get(status.ConditionReady).IsTrue() && strings.Contains(msg, "e-bad"), nil
+	})
+	if err != nil {
+		t.Fatalf("NodeClass e must be Ready and name the bad MachineDeployment: %v; message: %q", err, msg)
+	}
+	for _, want := range []string{"capacity.cluster-autoscaler.kubernetes.io/cpu", `"lots"`, "capacity.cluster-autoscaler.kubernetes.io/taints"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("condition message does not name %s: %q", want, msg)
+		}
+	}
+
+	deployment(t, "e", "app-e", 2, "1500m")
+	got := waitCounts(t, 4*time.Minute, "e", "app-e", []*clusterv1.MachineDeployment{bad, good}, func(c counts) bool { return c.RunningPods == 2 })
+	if got.MachineDeploymentReplicas["e-bad"] != 0 || got.MachineDeploymentReplicas["e-good"] != 2 {
+		t.Fatalf("only the good MachineDeployment may be used, got %v", got.MachineDeploymentReplicas)
+	}
+	if provider.Exited() {
+		t.Fatal("the provider exited")
+	}
+}
+
+// d: the provider is killed right after raising replicas and started again:
+// the same counts in the end, no extra replica, no unbound Machine.
+func TestRestartAfterRaisingReplicasResumes(t *testing.T) {
+	pool(t, "d")
+	w.AWS.SetProvisionDelay(5 * time.Second) // the kill lands before any providerID
+	t.Cleanup(func() { w.AWS.SetProvisionDelay(time.Second) })
+	md := machineDeployment(t, "d", "d-m5-large", "m5.large", "us-east-1c", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+	mds := []*clusterv1.MachineDeployment{md}
+	deployment(t, "d", "app-d", 3, "1500m")
+
+	waitCounts(t, 2*time.Minute, "d", "app-d", mds, func(c counts) bool { return c.Replicas >= 1 })
+	provider.Kill()
+	c, err := count(context.Background(), "d", "app-d", mds...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed the provider at: %s", c)
+	provider, err = StartProvider(bin, w, "provider.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	got := waitCounts(t, 5*time.Minute, "d", "app-d", mds, func(c counts) bool {
+		return c.RunningPods == 3 && c.Initialized == 3 && c.Pending == 0
+	})
+	if got.Replicas != 3 || got.Machines != 3 || got.BoundMachines != 3 || got.NodeClaims != 3 || got.Nodes != 3 {
+		t.Fatalf("after the restart want exactly 3 replicas, Machines (all bound), NodeClaims and Nodes, got %s", got)
+	}
+	// Nothing extra shows up later either.
+	again := waitCounts(t, time.Minute, "d", "app-d", mds, func(c counts) bool { return c.RunningPods == 3 })
+	if again.Machines != 3 || again.Replicas != 3 {
+		t.Fatalf("counts changed: %s", again)
+	}
+}

@@ -1,0 +1,152 @@
+// Package e2e runs the product end to end: the provider binary, built from
+// this repository and started as main.go starts it, against the world of
+// test/world (real API servers, real Cluster API controllers, real
+// kube-scheduler, simulated AWS and kubelet).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/autonode/karpenter-clusterapi/test/environment"
+	"github.com/autonode/karpenter-clusterapi/test/world"
+)
+
+// BuildProvider builds the provider binary into dir.
+func BuildProvider(dir string) (string, error) {
+	bin := filepath.Join(dir, "karpenter-clusterapi")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = environment.RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the provider: %w: %s", err, out)
+	}
+	return bin, nil
+}
+
+// Provider is a running provider process.
+type Provider struct {
+	cmd     *exec.Cmd
+	LogPath string
+	done    chan struct{}
+}
+
+// StartProvider starts the provider binary against the world, scoped to its
+// namespace and Cluster, with extra arguments.
+func StartProvider(bin string, w *world.World, logName string, extra ...string) (*Provider, error) {
+	metrics, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	health, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{
+		"--kubeconfig=" + w.SpokeKubeconfig,
+		"--cluster-api-kubeconfig=" + w.HubKubeconfig,
+		"--cluster-api-namespace=" + w.Namespace,
+		"--cluster-api-cluster-name=" + w.ClusterName,
+	}, extra...)
+	logPath := filepath.Join(w.Dir, logName)
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Env = append(os.Environ(),
+		"DISABLE_LEADER_ELECTION=true",
+		fmt.Sprintf("METRICS_PORT=%d", metrics),
+		fmt.Sprintf("HEALTH_PROBE_PORT=%d", health),
+		"LOG_LEVEL=debug",
+		// Decide on pending pods quickly; production defaults are 1s/10s.
+		"BATCH_IDLE_DURATION=500ms",
+		"BATCH_MAX_DURATION=3s",
+	)
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting the provider: %w", err)
+	}
+	p := &Provider{cmd: cmd, LogPath: logPath, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Kill stops the provider abruptly, as a crash or an evicted pod would.
+func (p *Provider) Kill() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop stops the provider gracefully, then abruptly after a while.
+func (p *Provider) Stop() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		p.Kill()
+	}
+}
+
+// Exited reports whether the process ended.
+func (p *Provider) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// WaitFor polls cond every interval until it holds or the timeout passes.
+func WaitFor(ctx context.Context, timeout time.Duration, cond func(context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		ok, err := cond(ctx)
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("timed out after %s: %w", timeout, last)
+			}
+			return fmt.Errorf("timed out after %s", timeout)
+		case <-tick.C:
+		}
+	}
+}

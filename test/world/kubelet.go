@@ -1,0 +1,463 @@
+package world
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+)
+
+const (
+	// InstanceIDAnnotation marks the Nodes the simulated kubelet registered.
+	InstanceIDAnnotation = "world.test/instance-id"
+	// KubeletVersion is what simulated Nodes report.
+	KubeletVersion = "v1.36.3"
+	// NodeLeaseRenewInterval is how often the simulated kubelet renews its
+	// Lease in kube-node-lease (the real kubelet's default).
+	NodeLeaseRenewInterval = 10 * time.Second
+	// NodeStatusReportInterval is how often the simulated kubelet refreshes
+	// the Ready condition's lastHeartbeatTime when nothing changed.
+	NodeStatusReportInterval = time.Minute
+
+	notReadyTaintKey = "node.kubernetes.io/not-ready"
+	nodeLeaseNS      = "kube-node-lease"
+)
+
+// simKubelet plays the kubelet and the AWS cloud-controller-manager of every
+// simulated instance against the spoke:
+//   - registers a Node when an instance runs (once: like a real kubelet it
+//     does not re-register a Node someone deleted), with the cloud labels,
+//     providerID, bootstrap taints and labels, capacity and allocatable;
+//   - posts Ready and heartbeats, renews the Node Lease, and removes the
+//     node.kubernetes.io/not-ready taint TaintNodesByCondition admission adds;
+//   - runs the Pods bound to its Nodes (Running, Ready, podIP) and finishes
+//     terminating ones at once (delete with grace period 0);
+//   - deletes the Node when the instance is terminated (the CCM's node
+//     lifecycle controller).
+type simKubelet struct {
+	aws    *SimAWS
+	client client.Client
+
+	mu         sync.Mutex
+	registered map[string]bool // Node names registered once
+	nextPodIP  int
+	events     chan event.GenericEvent
+}
+
+func newSimKubelet(aws *SimAWS) *simKubelet {
+	k := &simKubelet{aws: aws, registered: map[string]bool{}, events: make(chan event.GenericEvent, 4096)}
+	aws.onInstanceChange(func(host string) {
+		k.events <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host}}}
+	})
+	return k
+}
+
+func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
+	k.client = mgr.GetClient()
+	if err := ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-node").
+		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			_, ok := o.GetAnnotations()[InstanceIDAnnotation]
+			return ok
+		}))).
+		WatchesRawSource(source.Channel(k.events, &handler.EnqueueRequestForObject{})).
+		Complete(reconcile.Func(k.reconcileNode)); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-pod").
+		For(&corev1.Pod{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			p, ok := o.(*corev1.Pod)
+			return ok && p.Spec.NodeName != ""
+		}))).
+		// A Node becoming ours (or Ready) lets its Pods start.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(k.nodeToPods)).
+		Complete(reconcile.Func(k.reconcilePod))
+}
+
+func (k *simKubelet) nodeToPods(ctx context.Context, o client.Object) []reconcile.Request {
+	if _, ok := o.GetAnnotations()[InstanceIDAnnotation]; !ok {
+		return nil
+	}
+	pods := &corev1.PodList{}
+	if err := k.client.List(ctx, pods); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range pods.Items {
+		if pods.Items[i].Spec.NodeName == o.GetName() {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&pods.Items[i])})
+		}
+	}
+	return out
+}
+
+func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	name := req.Name
+	in, known := k.aws.instanceByHostname(name)
+	node := &corev1.Node{}
+	err := k.client.Get(ctx, client.ObjectKey{Name: name}, node)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	exists := err == nil
+	ours := exists && known && node.Annotations[InstanceIDAnnotation] == in.ID
+
+	if !known || in.State == infrav1.InstanceStateTerminated {
+		// The cloud-controller-manager deletes Nodes whose instance is gone.
+		if exists && node.Annotations[InstanceIDAnnotation] != "" && (!known || ours) {
+			if err := k.client.Delete(ctx, node, client.Preconditions{UID: &node.UID}); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+				return reconcile.Result{}, err
+			}
+		}
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: nodeLeaseNS, Name: name}}
+		if err := k.client.Delete(ctx, lease); client.IgnoreNotFound(err) != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, nil
+	}
+	if in.State != infrav1.InstanceStateRunning {
+		return reconcile.Result{}, nil // still booting
+	}
+	boot, err := ParseBootstrapData(in.UserData)
+	if err != nil {
+		// A kubelet with broken configuration never registers.
+		ctrl.LoggerFrom(ctx).Error(err, "simulated kubelet cannot start", "instance", in.ID)
+		return reconcile.Result{}, nil
+	}
+
+	k.mu.Lock()
+	registered := k.registered[name]
+	k.mu.Unlock()
+	if !exists {
+		if registered {
+			return reconcile.Result{}, nil // deleted after registration: a kubelet does not re-register
+		}
+		node = k.newNode(in, boot)
+		if err := k.client.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
+			return reconcile.Result{}, err
+		}
+		k.mu.Lock()
+		k.registered[name] = true
+		k.mu.Unlock()
+		// The Node create event brings us back to post its status.
+		return reconcile.Result{}, nil
+	}
+	if !ours {
+		return reconcile.Result{}, nil
+	}
+	k.mu.Lock()
+	k.registered[name] = true
+	k.mu.Unlock()
+
+	if err := k.postStatus(ctx, node, in, boot); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := k.removeNotReadyTaint(ctx, node); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := k.renewLease(ctx, node); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: NodeLeaseRenewInterval}, nil
+}
+
+func (k *simKubelet) newNode(in Instance, boot BootstrapData) *corev1.Node {
+	it := InstanceTypes[in.Type]
+	labels := map[string]string{}
+	for key, v := range boot.Labels {
+		labels[key] = v
+	}
+	for key, v := range map[string]string{
+		corev1.LabelHostname:           in.Hostname,
+		corev1.LabelInstanceTypeStable: in.Type,
+		corev1.LabelTopologyZone:       in.Zone,
+		corev1.LabelTopologyRegion:     regionOf(in.Zone),
+		corev1.LabelArchStable:         it.Arch,
+		corev1.LabelOSStable:           "linux",
+	} {
+		labels[key] = v
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   in.Hostname,
+			Labels: labels,
+			Annotations: map[string]string{
+				InstanceIDAnnotation: in.ID,
+				"volumes.kubernetes.io/controller-managed-attach-detach": "true",
+			},
+		},
+		Spec: corev1.NodeSpec{ProviderID: in.ProviderID, Taints: append([]corev1.Taint(nil), boot.Taints...)},
+	}
+}
+
+func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Instance, boot BootstrapData) error {
+	it := InstanceTypes[in.Type]
+	now := metav1.Now()
+	desired := node.Status.DeepCopy()
+	desired.Capacity = NodeCapacity(it, boot.KubeletArgs)
+	desired.Allocatable = NodeAllocatable(it, boot.KubeletArgs)
+	desired.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: in.PrivateIP},
+		{Type: corev1.NodeInternalDNS, Address: in.Hostname},
+		{Type: corev1.NodeHostName, Address: in.Hostname},
+	}
+	desired.DaemonEndpoints = corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: 10250}}
+	desired.NodeInfo = corev1.NodeSystemInfo{
+		MachineID:               in.ID,
+		SystemUUID:              in.ID,
+		BootID:                  in.ID,
+		KernelVersion:           "6.1.0-simulated",
+		OSImage:                 "Simulated Linux",
+		ContainerRuntimeVersion: "containerd://2.0.0",
+		KubeletVersion:          KubeletVersion,
+		OperatingSystem:         "linux",
+		Architecture:            it.Arch,
+	}
+	desired.Phase = ""
+	type cond struct {
+		t              corev1.NodeConditionType
+		s              corev1.ConditionStatus
+		reason, detail string
+	}
+	stale := true
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && time.Since(c.LastHeartbeatTime.Time) < NodeStatusReportInterval {
+			stale = false
+		}
+	}
+	var conds []corev1.NodeCondition
+	for _, c := range []cond{
+		{corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "kubelet has sufficient memory available"},
+		{corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"},
+		{corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "kubelet has sufficient PID available"},
+		{corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status"},
+	} {
+		nc := corev1.NodeCondition{Type: c.t, Status: c.s, Reason: c.reason, Message: c.detail, LastHeartbeatTime: now, LastTransitionTime: now}
+		for _, old := range node.Status.Conditions {
+			if old.Type == c.t {
+				if !stale {
+					nc.LastHeartbeatTime = old.LastHeartbeatTime
+				}
+				if old.Status == c.s {
+					nc.LastTransitionTime = old.LastTransitionTime
+				}
+			}
+		}
+		conds = append(conds, nc)
+	}
+	desired.Conditions = conds
+	if equalJSON(desired, &node.Status) {
+		return nil
+	}
+	patch := client.MergeFrom(node.DeepCopy())
+	node.Status = *desired
+	return client.IgnoreNotFound(k.client.Status().Patch(ctx, node, patch))
+}
+
+// removeNotReadyTaint does what the node lifecycle controller would do once
+// the Node is Ready: TaintNodesByCondition admission put the taint on the new
+// Node, and nothing else removes it in this world.
+func (k *simKubelet) removeNotReadyTaint(ctx context.Context, node *corev1.Node) error {
+	ready := false
+	for _, c := range node.Status.Conditions {
+		ready = ready || (c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue)
+	}
+	if !ready {
+		return nil
+	}
+	var kept []corev1.Taint
+	for _, t := range node.Spec.Taints {
+		if t.Key != notReadyTaintKey {
+			kept = append(kept, t)
+		}
+	}
+	if len(kept) == len(node.Spec.Taints) {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	node.Spec.Taints = kept
+	return client.IgnoreNotFound(k.client.Patch(ctx, node, patch))
+}
+
+func (k *simKubelet) renewLease(ctx context.Context, node *corev1.Node) error {
+	now := metav1.NewMicroTime(time.Now())
+	lease := &coordinationv1.Lease{}
+	err := k.client.Get(ctx, client.ObjectKey{Namespace: nodeLeaseNS, Name: node.Name}, lease)
+	if apierrors.IsNotFound(err) {
+		lease = &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: nodeLeaseNS, Name: node.Name,
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}},
+			},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node.Name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &now},
+		}
+		return client.IgnoreAlreadyExists(k.client.Create(ctx, lease))
+	}
+	if err != nil {
+		return err
+	}
+	lease.Spec.RenewTime = &now
+	return k.client.Update(ctx, lease)
+}
+
+func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	pod := &corev1.Pod{}
+	if err := k.client.Get(ctx, req.NamespacedName, pod); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if pod.Spec.NodeName == "" {
+		return reconcile.Result{}, nil
+	}
+	in, known := k.aws.instanceByHostname(pod.Spec.NodeName)
+	if !known || in.State != infrav1.InstanceStateRunning {
+		return reconcile.Result{}, nil // not our Node, or its kubelet is gone
+	}
+	node := &corev1.Node{}
+	if err := k.client.Get(ctx, client.ObjectKey{Name: pod.Spec.NodeName}, node); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if node.Annotations[InstanceIDAnnotation] != in.ID {
+		return reconcile.Result{}, nil
+	}
+	if !pod.DeletionTimestamp.IsZero() {
+		// The containers are stopped at once; the kubelet then deletes the Pod for good.
+		err := k.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || podRunningAndReady(pod) {
+		return reconcile.Result{}, nil
+	}
+	now := metav1.Now()
+	k.mu.Lock()
+	k.nextPodIP++
+	n := k.nextPodIP
+	k.mu.Unlock()
+	podIP := pod.Status.PodIP
+	if podIP == "" {
+		podIP = fmt.Sprintf("100.%d.%d.%d", 64+(n>>16)%64, (n>>8)%256, n%256)
+	}
+	if pod.Spec.HostNetwork {
+		podIP = in.PrivateIP
+	}
+	st := pod.Status.DeepCopy()
+	st.Phase = corev1.PodRunning
+	st.HostIP = in.PrivateIP
+	st.HostIPs = []corev1.HostIP{{IP: in.PrivateIP}}
+	st.PodIP = podIP
+	st.PodIPs = []corev1.PodIP{{IP: podIP}}
+	if st.StartTime == nil {
+		st.StartTime = &now
+	}
+	if st.QOSClass == "" {
+		st.QOSClass = qosClass(pod)
+	}
+	for _, t := range []corev1.PodConditionType{"PodReadyToStartContainers", corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady, corev1.PodScheduled} {
+		setPodCondition(st, corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: now})
+	}
+	st.InitContainerStatuses = nil
+	for _, c := range pod.Spec.InitContainers {
+		st.InitContainerStatuses = append(st.InitContainerStatuses, corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: imageID(c.Image), ContainerID: containerID(), Ready: true,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now}},
+		})
+	}
+	st.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: imageID(c.Image), ContainerID: containerID(),
+			Ready: true, Started: ptr.To(true),
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+		})
+	}
+	pod.Status = *st
+	if err := k.client.Status().Update(ctx, pod); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return reconcile.Result{Requeue: !apierrors.IsNotFound(err)}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, nil
+}
+
+func podRunningAndReady(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func setPodCondition(st *corev1.PodStatus, c corev1.PodCondition) {
+	for i := range st.Conditions {
+		if st.Conditions[i].Type == c.Type {
+			if st.Conditions[i].Status == c.Status {
+				return
+			}
+			st.Conditions[i] = c
+			return
+		}
+	}
+	st.Conditions = append(st.Conditions, c)
+}
+
+func qosClass(p *corev1.Pod) corev1.PodQOSClass {
+	requests, limits := false, true
+	for _, c := range p.Spec.Containers {
+		if len(c.Resources.Requests) > 0 || len(c.Resources.Limits) > 0 {
+			requests = true
+		}
+		for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+			l, ok := c.Resources.Limits[r]
+			if !ok {
+				limits = false
+				continue
+			}
+			if q, ok := c.Resources.Requests[r]; ok && q.Cmp(l) != 0 {
+				limits = false
+			}
+		}
+	}
+	switch {
+	case !requests:
+		return corev1.PodQOSBestEffort
+	case limits:
+		return corev1.PodQOSGuaranteed
+	default:
+		return corev1.PodQOSBurstable
+	}
+}
+
+func imageID(image string) string {
+	sum := sha256.Sum256([]byte(image))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func containerID() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "containerd://" + hex.EncodeToString(b)
+}

@@ -1,0 +1,437 @@
+// Package world starts an end-to-end test world made of real parts, with
+// only AWS and the kubelet simulated:
+//
+//   - a hub (management cluster) API server running Cluster API's real core
+//     controllers (cluster, machinedeployment, machineset, machine, with a
+//     ClusterCache reaching the spoke) and real admission webhooks (Cluster,
+//     Machine, MachineSet, MachineDeployment, MachineHealthCheck,
+//     MachineDrainRule), wired as Cluster API's core/main.go wires them;
+//   - a spoke (workload cluster) API server with the real kube-scheduler and
+//     kube-controller-manager (deployment, replicaset, garbagecollector, podgc);
+//   - SimAWS, a simulated EC2 behind CAPA's AWSCluster, AWSMachine and
+//     AWSMachineTemplate objects (CAPA v1beta2 types, v1beta1 infra contract);
+//   - a simulated kubelet and AWS cloud-controller-manager that register
+//     Nodes for running instances and run the Pods bound to them.
+//
+// The hub holds, in Namespace: the Cluster ClusterName, its AWSCluster, a
+// WorldControlPlane (a managed, EKS-like control plane that reports itself
+// initialized, see ControlPlaneCRD), the Secret "<cluster>-kubeconfig" of the
+// spoke and the bootstrap data Secret "<cluster>-bootstrap" (BootstrapData).
+//
+// What tests must set themselves: Cluster API's webhooks run, so
+// MachineDeployments, MachineSets and Machines get their defaults (rollout
+// strategy, selector labels, replicas from the autoscaler min-size annotation
+// or 1, ...) and are validated as in production. No bootstrap provider runs:
+// set spec.template.spec.bootstrap.dataSecretName (environment.NewMachineDeployment
+// uses "<cluster>-bootstrap"). Infrastructure templates need an AMI
+// (AWSMachineTemplate sets one) or the Machine needs spec.version, as with
+// CAPA. Pods must tolerate the bootstrap taints (karpenter.sh/unregistered by
+// default) unless something removes them.
+//
+// Logs: the Cluster API controllers, the simulators and webhooks log to
+// world.log in Dir; kube-scheduler and kube-controller-manager to their own
+// files there (LogFiles). Callers that want controller-runtime's global
+// logger quiet should call ctrl.SetLogger themselves.
+package world
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
+	clusterv1beta1 "sigs.k8s.io/cluster-api/api/core/v1beta1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/autonode/karpenter-clusterapi/test/environment"
+)
+
+// Defaults of Options.
+const (
+	DefaultNamespace      = "default"
+	DefaultClusterName    = "c1"
+	DefaultProvisionDelay = time.Second
+)
+
+// DefaultZones are the default failure domains.
+var DefaultZones = []string{"us-east-1a", "us-east-1b", "us-east-1c"}
+
+// Options shape a World. Zero values take the defaults.
+type Options struct {
+	// Namespace and name of the Cluster in the hub (default "default", "c1").
+	Namespace, ClusterName string
+	// ProvisionDelay is how long a simulated instance stays "pending" after
+	// its AWSMachine got an instance (providerID) until it runs (default 1s).
+	ProvisionDelay time.Duration
+	// Zones the AWSCluster reports as failure domains (default DefaultZones).
+	Zones []string
+	// Logger for the controllers of the world; default: world.log in Dir.
+	Logger *logr.Logger
+}
+
+// World is a running world. Stop it when done.
+type World struct {
+	Hub, Spoke *environment.Cluster
+	// Kubeconfig files of the hub and the spoke, usable by subprocesses and kubectl.
+	HubKubeconfig, SpokeKubeconfig string
+	Namespace, ClusterName         string
+	// BootstrapSecretName is the default bootstrap data Secret, "<cluster>-bootstrap".
+	BootstrapSecretName string
+	AWS                 *SimAWS
+	// Dir is the world's temporary directory (kubeconfigs, logs).
+	Dir string
+	// KeepDir keeps Dir on Stop (set it when a test failed, to read the logs).
+	KeepDir bool
+
+	hub               *hubManager
+	cancel            context.CancelFunc
+	managersDone      []chan error
+	scheduler         *process
+	controllerManager *process
+	logFile           *os.File
+	stopOnce          sync.Once
+	stopErr           error
+}
+
+// Start starts a world. ctx bounds the start only; the world runs until Stop.
+// On error, everything started is stopped again and Dir is kept for its logs.
+func Start(ctx context.Context, o Options) (w *World, err error) {
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	if o.ClusterName == "" {
+		o.ClusterName = DefaultClusterName
+	}
+	if o.ProvisionDelay == 0 {
+		o.ProvisionDelay = DefaultProvisionDelay
+	}
+	if len(o.Zones) == 0 {
+		o.Zones = DefaultZones
+	}
+	dir, err := os.MkdirTemp("", "world-")
+	if err != nil {
+		return nil, err
+	}
+	w = &World{
+		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName,
+		BootstrapSecretName: o.ClusterName + "-bootstrap",
+		AWS:                 newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay),
+	}
+	defer func() {
+		if err != nil {
+			w.KeepDir = true
+			_ = w.Stop()
+			err = fmt.Errorf("starting world (logs in %s): %w", dir, err)
+		}
+	}()
+	log := ptr.Deref(o.Logger, logr.Discard())
+	if o.Logger == nil {
+		if w.logFile, err = os.Create(filepath.Join(dir, "world.log")); err != nil {
+			return w, err
+		}
+		log = zap.New(zap.WriteTo(w.logFile), zap.UseDevMode(true))
+	}
+
+	t0 := time.Now()
+	phase := func(name string) {
+		log.WithName("world").Info("start phase done", "phase", name, "elapsed", time.Since(t0).Round(time.Millisecond).String())
+	}
+	if err := w.startAPIServers(); err != nil {
+		return w, err
+	}
+	phase("api servers")
+	mp, err := machinePoolCRD()
+	if err != nil {
+		return w, err
+	}
+	if _, err := envtest.InstallCRDs(w.Hub.Config, envtest.CRDInstallOptions{
+		CRDs: []*apiextensionsv1.CustomResourceDefinition{mp, ControlPlaneCRD()},
+	}); err != nil {
+		return w, fmt.Errorf("installing CRDs: %w", err)
+	}
+	if w.HubKubeconfig, err = w.Hub.WriteKubeconfig(dir); err != nil {
+		return w, err
+	}
+	if w.SpokeKubeconfig, err = w.Spoke.WriteKubeconfig(dir); err != nil {
+		return w, err
+	}
+
+	// Controllers: the hub's controller manager and the simulated kubelet.
+	mctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	mctx = ctrl.LoggerInto(mctx, log)
+	if w.hub, err = newHubManager(mctx, w.Hub.Config, log.WithName("capi")); err != nil {
+		return w, err
+	}
+	awsMgr, err := newAWSManager(w.Hub.Config, w.AWS, log.WithName("aws"))
+	if err != nil {
+		return w, err
+	}
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.AWS, log.WithName("kubelet"))
+	if err != nil {
+		return w, err
+	}
+	for _, m := range []ctrl.Manager{w.hub.mgr, awsMgr, spokeMgr} {
+		done := make(chan error, 1)
+		w.managersDone = append(w.managersDone, done)
+		go func(m ctrl.Manager) { done <- m.Start(mctx) }(m)
+	}
+	phase("managers started")
+	if err := w.hub.installWebhooks(ctx, w.Hub.Config); err != nil {
+		return w, fmt.Errorf("installing Cluster API webhooks: %w", err)
+	}
+	if err := w.waitWebhooksActive(ctx); err != nil {
+		return w, err
+	}
+	phase("webhooks active")
+	if err := w.createHubObjects(ctx); err != nil {
+		return w, err
+	}
+	if err := w.startSpokeComponents(ctx); err != nil {
+		return w, err
+	}
+	phase("scheduler and controller manager ready")
+	if err := w.waitClusterReady(ctx); err != nil {
+		return w, err
+	}
+	phase("cluster ready")
+	return w, nil
+}
+
+func (w *World) startAPIServers() error {
+	var wg sync.WaitGroup
+	var hubErr, spokeErr error
+	wg.Add(2)
+	go func() { defer wg.Done(); w.Hub, hubErr = environment.StartHub() }()
+	go func() { defer wg.Done(); w.Spoke, spokeErr = environment.StartSpoke() }()
+	wg.Wait()
+	return errors.Join(hubErr, spokeErr)
+}
+
+// newAWSManager runs the AWS simulator against the hub in a manager of its
+// own, as CAPA runs in a controller manager of its own.
+func newAWSManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manager, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, clusterv1.AddToScheme, infrav1.AddToScheme} {
+		if err := add(s); err != nil {
+			return nil, err
+		}
+	}
+	mgr, err := ctrl.NewManager(rest.CopyConfig(cfg), ctrl.Options{
+		Scheme:                 s,
+		Logger:                 log,
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// Like CAPA, read Secrets (bootstrap data) without caching them all.
+		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return mgr, aws.setupWithManager(mgr)
+}
+
+func newSpokeManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manager, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	mgr, err := ctrl.NewManager(rest.CopyConfig(cfg), ctrl.Options{
+		Scheme:                 s,
+		Logger:                 log,
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return nil, err
+	}
+	return mgr, newSimKubelet(aws).setupWithManager(mgr)
+}
+
+// waitWebhooksActive waits until the hub's API server calls the defaulting
+// webhook: a dry-run MachineDeployment without rollout strategy gets one.
+func (w *World) waitWebhooksActive(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		md := environment.NewMachineDeployment(environment.MachineDeploymentOptions{
+			Namespace: "default", Name: "webhook-probe", ClusterName: "webhook-probe",
+		})
+		if err := w.Hub.Client.Create(ctx, md, client.DryRunAll); err != nil {
+			return false, nil //nolint:nilerr // the webhook may not answer yet
+		}
+		return md.Spec.Rollout.Strategy.Type != "", nil
+	})
+}
+
+func (w *World) createHubObjects(ctx context.Context) error {
+	c := w.Hub.Client
+	ns, name := w.Namespace, w.ClusterName
+	u, err := url.Parse(w.Spoke.Config.Host)
+	if err != nil {
+		return err
+	}
+	host, portStr, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return err
+	}
+	if err := client.IgnoreAlreadyExists(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
+		return err
+	}
+	kubeconfig, err := environment.KubeconfigBytes(w.Spoke.Config, name)
+	if err != nil {
+		return err
+	}
+	boot, err := BootstrapSecret(ns, w.BootstrapSecretName, name, DefaultBootstrapData())
+	if err != nil {
+		return err
+	}
+	cp := controlPlaneObject(ns, name, host, int64(port))
+	objects := []client.Object{
+		&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig", Labels: map[string]string{clusterv1.ClusterNameLabel: name}},
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{"value": kubeconfig},
+		},
+		boot,
+		cp,
+		&infrav1.AWSCluster{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: infrav1.AWSClusterSpec{
+				Region:               w.AWS.Region(),
+				ControlPlaneEndpoint: clusterv1beta1.APIEndpoint{Host: host, Port: int32(port)},
+			},
+		},
+		&clusterv1.Cluster{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: clusterv1.ClusterSpec{
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "AWSCluster", Name: name},
+				ControlPlaneRef:   clusterv1.ContractVersionedObjectReference{APIGroup: ControlPlaneGroup, Kind: ControlPlaneKind, Name: name},
+			},
+		},
+	}
+	for _, o := range objects {
+		if err := c.Create(ctx, o); err != nil {
+			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	// The managed control plane is up from the start.
+	if err := unstructured.SetNestedField(cp.Object, controlPlaneStatus(cp.GetGeneration()), "status"); err != nil {
+		return err
+	}
+	return c.Status().Update(ctx, cp)
+}
+
+// waitClusterReady waits until Cluster API sees the infrastructure
+// provisioned, the control plane initialized and the spoke reachable.
+func (w *World) waitClusterReady(ctx context.Context) error {
+	cluster := &clusterv1.Cluster{}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: w.ClusterName}, cluster); err != nil {
+			return false, err
+		}
+		return conditions.IsTrue(cluster, clusterv1.ClusterInfrastructureReadyCondition) &&
+			conditions.IsTrue(cluster, clusterv1.ClusterControlPlaneInitializedCondition) &&
+			conditions.IsTrue(cluster, clusterv1.ClusterRemoteConnectionProbeCondition), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for Cluster %s/%s to be ready (conditions %v): %w", w.Namespace, w.ClusterName, cluster.Status.Conditions, err)
+	}
+	return nil
+}
+
+// CreateAWSMachineTemplate creates AWSMachineTemplate(namespace of the world,
+// name, instanceType, spot) and writes its status.
+func (w *World) CreateAWSMachineTemplate(ctx context.Context, name, instanceType string, spot bool) (*infrav1.AWSMachineTemplate, error) {
+	t := AWSMachineTemplate(w.Namespace, name, instanceType, spot)
+	status := t.Status
+	if err := w.Hub.Client.Create(ctx, t); err != nil {
+		return nil, err
+	}
+	t.Status = status
+	if err := w.Hub.Client.Status().Update(ctx, t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// LogFiles returns the world's log files.
+func (w *World) LogFiles() []string {
+	var out []string
+	for _, f := range []string{"world.log", "kube-scheduler.log", "kube-controller-manager.log"} {
+		p := filepath.Join(w.Dir, f)
+		if _, err := os.Stat(p); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Stop stops everything Start started, in reverse order, and waits for it:
+// the spoke's scheduler and controller manager (process groups), the
+// controllers, the API servers. Dir is removed unless KeepDir is set.
+func (w *World) Stop() error {
+	w.stopOnce.Do(func() {
+		var errs []error
+		errs = append(errs, w.stopSpokeComponents())
+		if w.cancel != nil {
+			w.cancel()
+			for _, done := range w.managersDone {
+				select {
+				case err := <-done:
+					if err != nil && !errors.Is(err, context.Canceled) {
+						errs = append(errs, err)
+					}
+				case <-time.After(60 * time.Second):
+					errs = append(errs, errors.New("a controller manager did not stop within 60s"))
+				}
+			}
+		}
+		if w.hub != nil {
+			w.hub.shutdownClusterCache()
+			errs = append(errs, w.hub.webhooks.Cleanup())
+		}
+		if w.Spoke != nil {
+			errs = append(errs, w.Spoke.Stop())
+		}
+		if w.Hub != nil {
+			errs = append(errs, w.Hub.Stop())
+		}
+		if w.logFile != nil {
+			_ = w.logFile.Close()
+		}
+		if !w.KeepDir {
+			errs = append(errs, os.RemoveAll(w.Dir))
+		}
+		w.stopErr = errors.Join(errs...)
+	})
+	return w.stopErr
+}
