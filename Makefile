@@ -34,6 +34,11 @@ envtest: ## Build (first run) and print the cached test API server binaries
 test: ## Run every test against real API servers
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -timeout $(TEST_TIMEOUT) ./...
 
+.PHONY: bench
+bench: ## Benchmarks: Get/List with 10,000 Machines, GetInstanceTypes with 500 MachineDeployments, launch latency
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench . -benchtime 2s -timeout 30m ./test/bench/
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run '^$$' -bench LaunchLatency -benchtime 1x -timeout 30m ./test/e2e/
+
 .PHONY: generate
 generate: ## Generate deepcopy, CRDs and RBAC
 	$(TOOLS) controller-gen object paths=./pkg/apis/...

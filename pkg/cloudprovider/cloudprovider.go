@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/karpenter/pkg/utils/resources"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
@@ -33,14 +35,15 @@ const Name = "clusterapi"
 type CloudProvider struct {
 	kubeClient client.Client // the workload cluster
 	store      *instancetype.Store
+	managed    *hub.ManagedMachines
 	md         *machinedeployment.Provider
 }
 
 var _ cloudprovider.CloudProvider = (*CloudProvider)(nil)
 
 // New returns the cloud provider.
-func New(kubeClient client.Client, store *instancetype.Store, md *machinedeployment.Provider) *CloudProvider {
-	return &CloudProvider{kubeClient: kubeClient, store: store, md: md}
+func New(kubeClient client.Client, store *instancetype.Store, managed *hub.ManagedMachines, md *machinedeployment.Provider) *CloudProvider {
+	return &CloudProvider{kubeClient: kubeClient, store: store, managed: managed, md: md}
 }
 
 // Create launches a Machine for the NodeClaim and returns the NodeClaim
@@ -89,6 +92,10 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if chosen != nil && created.Labels[corev1.LabelInstanceTypeStable] == "" {
 		fillFromSource(created, *chosen, m)
 	}
+	// Core keeps what Create returns: give it its own copy of what the
+	// store shares.
+	created = created.DeepCopy()
+	created.Annotations = map[string]string{v1alpha1.MachineAnnotation: nodeClaim.Annotations[v1alpha1.MachineAnnotation]}
 	return created, nil
 }
 
@@ -157,13 +164,11 @@ func (c *CloudProvider) Get(ctx context.Context, providerID string) (*karpv1.Nod
 
 // List returns a NodeClaim for every Karpenter-managed Machine with a providerID.
 func (c *CloudProvider) List(ctx context.Context) ([]*karpv1.NodeClaim, error) {
-	machines, err := c.md.Machines(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*karpv1.NodeClaim, 0, len(machines))
-	for _, m := range machines {
+	out := make([]*karpv1.NodeClaim, 0, c.managed.Len())
+	if err := c.managed.List(func(m *clusterv1.Machine) {
 		out = append(out, c.toNodeClaim(m))
+	}); err != nil {
+		return nil, fmt.Errorf("listing Machines: %w", err)
 	}
 	return out, nil
 }
@@ -242,13 +247,13 @@ func (c *CloudProvider) GetSupportedNodeClasses() []status.Object {
 }
 
 // toNodeClaim describes a Machine as a NodeClaim, with the labels and
-// resources of the instance type its MachineDeployment yields.
+// resources of the instance type its MachineDeployment yields. Labels and
+// resources are shared with the store: callers must not modify them (core's
+// Get and List callers only read).
 func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine) *karpv1.NodeClaim {
 	nc := &karpv1.NodeClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:              m.Annotations[v1alpha1.NodeClaimAnnotation],
-			Labels:            map[string]string{},
-			Annotations:       map[string]string{v1alpha1.MachineAnnotation: m.Namespace + "/" + m.Name},
 			CreationTimestamp: m.CreationTimestamp,
 		},
 		Status: karpv1.NodeClaimStatus{ProviderID: m.Spec.ProviderID},
@@ -265,22 +270,13 @@ func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine) *karpv1.NodeClaim {
 }
 
 func fillFromSource(nc *karpv1.NodeClaim, src instancetype.Source, m *clusterv1.Machine) {
-	for k, v := range src.NodeLabels {
-		nc.Labels[k] = v
-	}
-	nc.Labels[corev1.LabelInstanceTypeStable] = src.Name
-	nc.Labels[corev1.LabelArchStable] = src.Arch
-	nc.Labels[corev1.LabelOSStable] = src.OS
-	nc.Labels[karpv1.CapacityTypeLabelKey] = src.CapacityType
-	zone := m.Spec.FailureDomain
-	if zone == "" {
-		zone = src.Zone
-	}
-	if zone != "" {
+	nc.Labels = src.Labels
+	if zone := m.Spec.FailureDomain; zone != "" && zone != src.Zone {
+		nc.Labels = maps.Clone(src.Labels)
 		nc.Labels[corev1.LabelTopologyZone] = zone
 	}
-	nc.Status.Capacity = src.Capacity.DeepCopy()
-	nc.Status.Allocatable = instancetype.Allocatable(src.Capacity, instancetype.Overhead(src.Capacity))
+	nc.Status.Capacity = src.Capacity
+	nc.Status.Allocatable = src.Allocatable
 }
 
 func truncate(s string) string {

@@ -56,6 +56,12 @@ type Source struct {
 	// Replicas of a MachineDeployment origin.
 	Replicas int32
 
+	// Labels are the labels a NodeClaim of this source carries, and
+	// Allocatable its allocatable resources: computed once per change, shared
+	// read-only by every NodeClaim that Get and List describe.
+	Labels      map[string]string
+	Allocatable corev1.ResourceList
+
 	// Problems are bad values that were skipped; each names the object and key.
 	Problems []string
 	// Err is set when the origin cannot be used at all.
@@ -200,7 +206,28 @@ func FromMachineDeployment(md *clusterv1.MachineDeployment, template *unstructur
 	}
 
 	src.Price, src.PriceEstimated = price(md.Annotations, tmplAnnotations, src, problem)
+	if src.Err == nil {
+		src.finish()
+	}
 	return src
+}
+
+// finish computes what NodeClaims of this source share.
+func (s *Source) finish() {
+	s.Labels = make(map[string]string, len(s.NodeLabels)+5)
+	for k, v := range s.NodeLabels {
+		s.Labels[k] = v
+	}
+	s.Labels[corev1.LabelInstanceTypeStable] = s.Name
+	s.Labels[corev1.LabelArchStable] = s.Arch
+	s.Labels[corev1.LabelOSStable] = s.OS
+	s.Labels[karpv1.CapacityTypeLabelKey] = s.CapacityType
+	if s.Zone != "" {
+		s.Labels[corev1.LabelTopologyZone] = s.Zone
+	} else {
+		delete(s.Labels, corev1.LabelTopologyZone)
+	}
+	s.Allocatable = Allocatable(s.Capacity, Overhead(s.Capacity))
 }
 
 // price finds the offering's hourly price: the MachineDeployment's

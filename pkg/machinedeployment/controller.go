@@ -27,6 +27,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
 // Timing of the controller's bookkeeping.
@@ -222,6 +223,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 					return 0, err
 				}
 				ops = append(ops, &op{kind: opRelease, name: m.Name})
+				metrics.OrphansReleased.WithLabelValues("machine").Inc()
 			} else if m.DeletionTimestamp.IsZero() {
 				later(OrphanGrace)
 			}
@@ -269,6 +271,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		if gone {
 			log.FromContext(ctx).Info("giving back replica of a NodeClaim that is gone", "MachineDeployment", key, "NodeClaim", claim)
 			ops = append(ops, &op{kind: opGiveBack, name: claim})
+			metrics.OrphansReleased.WithLabelValues("replica").Inc()
 			p.inflight.Delete(claim)
 			continue
 		}

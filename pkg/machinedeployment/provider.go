@@ -15,6 +15,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
 // DefaultLaunchWait bounds how long Launch waits for a Machine's providerID
@@ -30,6 +31,7 @@ var ErrStillLaunching = errors.New("machine has no providerID yet")
 // Provider implements MachineDeployment mode.
 type Provider struct {
 	hub     *hub.Hub
+	managed *hub.ManagedMachines
 	store   *instancetype.Store
 	scaler  *Scaler
 	waiters *waiters
@@ -42,11 +44,12 @@ type Provider struct {
 }
 
 // NewProvider returns the MachineDeployment mode provider.
-func NewProvider(h *hub.Hub, store *instancetype.Store) *Provider {
+func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store) *Provider {
 	return &Provider{
 		hub:        h,
+		managed:    managed,
 		store:      store,
-		scaler:     NewScaler(h.GetClient(), h.GetCache(), h.GetAPIReader()),
+		scaler:     newObservedScaler(h),
 		waiters:    newWaiters(),
 		LaunchWait: DefaultLaunchWait,
 		now:        time.Now,
@@ -99,6 +102,7 @@ func (p *Provider) reserved(ctx context.Context, claim string) (bool, error) {
 func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {
 	timer := time.NewTimer(p.LaunchWait)
 	defer timer.Stop()
+	var wokeAt time.Time // when the last Machine event woke us
 	for {
 		ch := p.waiters.register(claim)
 		m, err := p.BoundMachine(ctx, claim)
@@ -114,11 +118,15 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 			if m.Spec.ProviderID != "" {
 				p.waiters.forget(claim, ch)
 				p.inflight.Delete(claim)
+				if !wokeAt.IsZero() {
+					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
+				}
 				return m, nil
 			}
 		}
 		select {
 		case <-ch:
+			wokeAt = p.now()
 		case <-timer.C:
 			p.waiters.forget(claim, ch)
 			if m != nil {
@@ -260,36 +268,18 @@ func (p *Provider) findMachine(ctx context.Context, claim string, machine *types
 }
 
 // MachineByProviderID returns the Karpenter-managed Machine with this
-// providerID from the cache, or nil.
-func (p *Provider) MachineByProviderID(ctx context.Context, providerID string) (*clusterv1.Machine, error) {
-	list := &clusterv1.MachineList{}
-	if err := p.hub.GetCache().List(ctx, list, client.MatchingFields{hub.IndexMachineProviderID: providerID}); err != nil {
+// providerID, or nil. The Machine is the informer's: do not modify it.
+func (p *Provider) MachineByProviderID(_ context.Context, providerID string) (*clusterv1.Machine, error) {
+	m, err := p.managed.Get(providerID)
+	if err != nil {
 		return nil, fmt.Errorf("looking up the Machine with providerID %s: %w", providerID, err)
 	}
-	for i := range list.Items {
-		if p.owned(&list.Items[i]) {
-			return &list.Items[i], nil
-		}
-	}
-	return nil, nil
+	return m, nil
 }
 
-// Machines returns every Karpenter-managed Machine in scope that has a
-// providerID. The objects are shared with the cache: do not modify them.
-func (p *Provider) Machines(ctx context.Context) ([]*clusterv1.Machine, error) {
-	list := &clusterv1.MachineList{}
-	sel := hub.HasLabel(labelsEverything(), v1alpha1.KarpenterMemberLabel)
-	opts := append(p.hub.Scope.ListOptions(sel), client.UnsafeDisableDeepCopy)
-	if err := p.hub.GetCache().List(ctx, list, opts...); err != nil {
-		return nil, fmt.Errorf("listing Machines: %w", err)
-	}
-	out := make([]*clusterv1.Machine, 0, len(list.Items))
-	for i := range list.Items {
-		m := &list.Items[i]
-		if m.Spec.ProviderID == "" || m.Annotations[v1alpha1.NodeClaimAnnotation] == "" || !p.hub.Scope.Contains(m, m.Spec.ClusterName) {
-			continue
-		}
-		out = append(out, m)
-	}
-	return out, nil
+func newObservedScaler(h *hub.Hub) *Scaler {
+	s := NewScaler(h.GetClient(), h.GetCache(), h.GetAPIReader())
+	s.Observe = func(n int) { metrics.MachineDeploymentWriteBatch.Observe(float64(n)) }
+	s.OnError = func(error) { metrics.HubErrors.WithLabelValues("update_machinedeployment").Inc() }
+	return s
 }

@@ -52,6 +52,8 @@ type Scaler struct {
 	cache  client.Reader
 	// Observe, when set, is told the size of each batch written.
 	Observe func(batchSize int)
+	// OnError, when set, is told of each failed write.
+	OnError func(error)
 
 	mu     sync.Mutex
 	queues map[types.NamespacedName]*queue
@@ -113,6 +115,9 @@ func (s *Scaler) drain(key types.NamespacedName, q *queue) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := s.write(ctx, key, batch)
 		cancel()
+		if err != nil && s.OnError != nil {
+			s.OnError(err)
+		}
 		for _, o := range batch {
 			o.applied <- err
 		}

@@ -114,8 +114,9 @@ func hubConfig(opts *options.Options, spoke *rest.Config) (*rest.Config, string,
 // controllers, then runs until ctx ends. It is what main.go runs.
 func (o *Operator) Run(ctx context.Context) {
 	store := instancetype.NewStore()
-	mdProvider := machinedeployment.NewProvider(o.Hub, store)
-	undecorated := cloudprovider.New(o.GetClient(), store, mdProvider)
+	managed := lo.Must(o.Hub.NewManagedMachines(ctx))
+	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store)
+	undecorated := cloudprovider.New(o.GetClient(), store, managed, mdProvider)
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))
 	clusterState := state.NewCluster(o.Clock, o.GetClient(), cloudProvider, state.WithRepairPolicyMatcher(repairPolicyMatcher))

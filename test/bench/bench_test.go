@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"testing"
@@ -16,7 +17,9 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
@@ -50,6 +53,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	ctrl.SetLogger(zap.New(zap.WriteTo(io.Discard)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	hubEnv, err := environment.StartHub()
@@ -85,6 +89,11 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	managed, err := h.NewManagedMachines(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	go func() { _ = h.Start(ctx) }()
 	go func() { _ = spoke.Start(ctx) }()
 	// Touch the informers the benchmarks use, then wait for them to sync.
@@ -98,7 +107,11 @@ func run(m *testing.M) int {
 	for _, md := range mdList {
 		store.Put(instancetype.FromMachineDeployment(md, nil))
 	}
-	cp = cloudprovider.New(spoke.GetClient(), store, machinedeployment.NewProvider(h, store))
+	if err := waitFor(func() bool { return managed.Len() == machineCount }); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cp = cloudprovider.New(spoke.GetClient(), store, managed, machinedeployment.NewProvider(h, managed, store))
 	nodePool = &karpv1.NodePool{Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
 		NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: "bench"},
 	}}}}
@@ -180,6 +193,17 @@ func populate(ctx context.Context, hubClient, spokeClient client.Client) error {
 	default:
 		return nil
 	}
+}
+
+func waitFor(cond func() bool) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
 }
 
 func providerID(n int) string { return fmt.Sprintf("aws:///us-east-1a/i-%017x", n) }

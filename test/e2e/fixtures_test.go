@@ -20,7 +20,7 @@ import (
 
 // pool sets up one scenario's NodeClass and NodePool, selecting
 // MachineDeployments labelled pool=<name>, and removes them at the end.
-func pool(t *testing.T, name string) {
+func pool(t testing.TB, name string) {
 	t.Helper()
 	ctx := context.Background()
 	nc := &v1alpha1.ClusterAPINodeClass{
@@ -61,7 +61,7 @@ func pool(t *testing.T, name string) {
 
 // machineDeployment creates an AWSMachineTemplate of the instance type and a
 // Karpenter-member MachineDeployment of the pool at 0 replicas.
-func machineDeployment(t *testing.T, pool, name, instanceType, zone string, annotations map[string]string) *clusterv1.MachineDeployment {
+func machineDeployment(t testing.TB, pool, name, instanceType, zone string, annotations map[string]string) *clusterv1.MachineDeployment {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := w.CreateAWSMachineTemplate(ctx, name, instanceType, false); err != nil {
@@ -78,7 +78,7 @@ func machineDeployment(t *testing.T, pool, name, instanceType, zone string, anno
 }
 
 // deployment creates pods of the pool, each requesting cpu.
-func deployment(t *testing.T, pool, name string, replicas int32, cpu string) *appsv1.Deployment {
+func deployment(t testing.TB, pool, name string, replicas int32, cpu string) *appsv1.Deployment {
 	t.Helper()
 	labels := map[string]string{"app": name}
 	d := &appsv1.Deployment{
@@ -106,7 +106,7 @@ func deployment(t *testing.T, pool, name string, replicas int32, cpu string) *ap
 	return d
 }
 
-func scaleDeployment(t *testing.T, d *appsv1.Deployment, replicas int32) {
+func scaleDeployment(t testing.TB, d *appsv1.Deployment, replicas int32) {
 	t.Helper()
 	cur := &appsv1.Deployment{}
 	if err := w.Spoke.Client.Get(context.Background(), client.ObjectKeyFromObject(d), cur); err != nil {
@@ -201,7 +201,7 @@ func count(ctx context.Context, pool, app string, mds ...*clusterv1.MachineDeplo
 
 // waitCounts waits until want holds for the pool's counts, and fails with
 // the last counts otherwise.
-func waitCounts(t *testing.T, timeout time.Duration, pool, app string, mds []*clusterv1.MachineDeployment, want func(counts) bool) counts {
+func waitCounts(t testing.TB, timeout time.Duration, pool, app string, mds []*clusterv1.MachineDeployment, want func(counts) bool) counts {
 	t.Helper()
 	var last counts
 	err := WaitFor(context.Background(), timeout, func(ctx context.Context) (bool, error) {

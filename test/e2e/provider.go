@@ -7,7 +7,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"math"
 	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,9 +38,10 @@ func BuildProvider(dir string) (string, error) {
 
 // Provider is a running provider process.
 type Provider struct {
-	cmd     *exec.Cmd
-	LogPath string
-	done    chan struct{}
+	cmd         *exec.Cmd
+	LogPath     string
+	MetricsPort int
+	done        chan struct{}
 }
 
 // StartProvider starts the provider binary against the world, scoped to its
@@ -75,7 +82,7 @@ func StartProvider(bin string, w *world.World, logName string, extra ...string) 
 		logFile.Close()
 		return nil, fmt.Errorf("starting the provider: %w", err)
 	}
-	p := &Provider{cmd: cmd, LogPath: logPath, done: make(chan struct{})}
+	p := &Provider{cmd: cmd, LogPath: logPath, MetricsPort: metrics, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		logFile.Close()
@@ -149,4 +156,53 @@ func WaitFor(ctx context.Context, timeout time.Duration, cond func(context.Conte
 		case <-tick.C:
 		}
 	}
+}
+
+// Histogram reads a histogram from the provider's metrics endpoint: the
+// cumulative count per bucket upper bound, and the total count.
+func (p *Provider) Histogram(name string) (map[float64]float64, float64, error) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", p.MetricsPort))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, 0, err
+	}
+	buckets := map[float64]float64{}
+	var count float64
+	for _, line := range strings.Split(string(body), "\n") {
+		switch {
+		case strings.HasPrefix(line, name+"_bucket{le=\""):
+			rest := strings.TrimPrefix(line, name+"_bucket{le=\"")
+			le, val, ok := strings.Cut(rest, "\"} ")
+			if !ok || le == "+Inf" {
+				continue
+			}
+			bound, err1 := strconv.ParseFloat(le, 64)
+			n, err2 := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			if err1 == nil && err2 == nil {
+				buckets[bound] = n
+			}
+		case strings.HasPrefix(line, name+"_count "):
+			count, _ = strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name+"_count ")), 64)
+		}
+	}
+	return buckets, count, nil
+}
+
+// Quantile is the smallest bucket bound holding at least q of the observations.
+func Quantile(buckets map[float64]float64, count, q float64) float64 {
+	bounds := make([]float64, 0, len(buckets))
+	for b := range buckets {
+		bounds = append(bounds, b)
+	}
+	sort.Float64s(bounds)
+	for _, b := range bounds {
+		if buckets[b] >= q*count {
+			return b
+		}
+	}
+	return math.Inf(1)
 }

@@ -3,9 +3,9 @@ package world
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -79,18 +79,18 @@ type SimAWS struct {
 	zones  []string
 	region string
 
-	mu            sync.Mutex
-	delay         time.Duration
-	exhausted     map[offering]bool
-	terminalICE   bool
-	byID          map[string]*Instance
-	byAWSMachine  map[types.UID]string
-	byHostname    map[string]string
-	nextIP        int
-	listeners     []func(hostname string)
-	recorder      record.EventRecorder
-	client        client.Client
-	reconcileAll  chan event.GenericEvent
+	mu           sync.Mutex
+	delay        time.Duration
+	exhausted    map[offering]bool
+	terminalICE  bool
+	byID         map[string]*Instance
+	byAWSMachine map[types.UID]string
+	byHostname   map[string]string
+	nextIP       int
+	listeners    []func(hostname string)
+	recorder     record.EventRecorder
+	client       client.Client
+	reconcileAll chan event.GenericEvent
 }
 
 func newSimAWS(zones []string, delay time.Duration) *SimAWS {
@@ -363,7 +363,7 @@ func (a *SimAWS) reconcileTemplate(ctx context.Context, req reconcile.Request) (
 	return reconcile.Result{}, a.client.Status().Patch(ctx, t, client.MergeFrom(original))
 }
 
-// awsMachineStatus holds what one reconcile wants to write to an AWSMachine.
+// launchError is a failed RunInstances: code and message as EC2 returns them.
 type launchError struct {
 	code, message string
 	terminal      bool

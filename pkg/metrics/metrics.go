@@ -1,0 +1,45 @@
+// Package metrics defines the provider's Prometheus metrics, served with
+// Karpenter core's on its metrics port.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+const namespace = "karpenter_clusterapi"
+
+var (
+	// LaunchReturnDelay is what the provider adds to a launch: from the
+	// Machine event that carried its providerID to Create returning.
+	LaunchReturnDelay = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace,
+		Name:      "launch_return_delay_seconds",
+		Help:      "Time from the Machine event carrying its providerID to Create returning the NodeClaim.",
+		Buckets:   []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
+	})
+	// MachineDeploymentWriteBatch is how many NodeClaim or Machine changes one
+	// MachineDeployment update carried.
+	MachineDeploymentWriteBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace,
+		Name:      "machinedeployment_write_batch_size",
+		Help:      "Replica and bookkeeping changes carried by one MachineDeployment update.",
+		Buckets:   prometheus.ExponentialBuckets(1, 2, 10),
+	})
+	// HubErrors counts failed requests to the management cluster by operation.
+	HubErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace,
+		Name:      "hub_errors_total",
+		Help:      "Failed requests to the management cluster, by operation.",
+	}, []string{"operation"})
+	// OrphansReleased counts replicas and Machines given back because their NodeClaim was gone.
+	OrphansReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace,
+		Name:      "orphans_released_total",
+		Help:      "Replicas (kind=replica) and Machines (kind=machine) given back because their NodeClaim was gone.",
+	}, []string{"kind"})
+)
+
+func init() {
+	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased)
+}
