@@ -37,7 +37,15 @@ type CloudProvider struct {
 	store      *instancetype.Store
 	managed    *hub.ManagedMachines
 	md         *machinedeployment.Provider
+	// priced returns the instance types with the prices Karpenter uses
+	// (NodeOverlays applied); Create picks the cheapest by those.
+	priced cloudprovider.CloudProvider
 }
+
+// UsePricesFrom makes Create choose offerings by the prices p reports, the
+// decorated provider core schedules with, so that NodeOverlay price changes
+// decide launches too.
+func (c *CloudProvider) UsePricesFrom(p cloudprovider.CloudProvider) { c.priced = p }
 
 var _ cloudprovider.CloudProvider = (*CloudProvider)(nil)
 
@@ -69,7 +77,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	}
 	var chosen *instancetype.Source
 	m, err := c.md.Launch(ctx, nodeClaim.Name, func() (instancetype.Source, error) {
-		src, err := cheapest(set, nodeClaim)
+		src, err := cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
 		if err != nil {
 			return instancetype.Source{}, err
 		}
@@ -99,37 +107,84 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	return created, nil
 }
 
+// pricedInstanceTypes returns the instance types with the prices core
+// schedules with (NodeOverlays applied), or the set's own when unavailable.
+func (c *CloudProvider) pricedInstanceTypes(ctx context.Context, nodeClaim *karpv1.NodeClaim, set *instancetype.Set) []*cloudprovider.InstanceType {
+	name := nodeClaim.Labels[karpv1.NodePoolLabelKey]
+	if c.priced == nil || name == "" {
+		return set.InstanceTypes
+	}
+	np := &karpv1.NodePool{}
+	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: name}, np); err != nil {
+		return set.InstanceTypes
+	}
+	its, err := c.priced.GetInstanceTypes(ctx, np)
+	if err != nil || len(its) == 0 {
+		return set.InstanceTypes
+	}
+	return its
+}
+
 // cheapest picks the cheapest available offering compatible with the
-// NodeClaim's requirements and resources, and the object to launch it from.
-func cheapest(set *instancetype.Set, nodeClaim *karpv1.NodeClaim) (instancetype.Source, error) {
+// NodeClaim's requirements and resources, by the prices of its, and the
+// object of the set to launch it from.
+func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClaim *karpv1.NodeClaim) (instancetype.Source, error) {
 	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
 	var best *instancetype.Source
 	bestPrice := 0.0
-	for _, it := range set.InstanceTypes {
-		if it.Requirements.Intersects(reqs) != nil {
+	var why []string
+	for _, it := range its {
+		if err := it.Requirements.Intersects(reqs); err != nil {
+			if reqs.Get(corev1.LabelInstanceTypeStable).Has(it.Name) {
+				why = append(why, fmt.Sprintf("%s: %v", it.Name, err))
+			}
 			continue
 		}
 		if !resources.Fits(nodeClaim.Spec.Resources.Requests, it.Allocatable()) {
+			why = append(why, fmt.Sprintf("%s: requests %v do not fit allocatable %v", it.Name, resources.String(nodeClaim.Spec.Resources.Requests), resources.String(it.Allocatable())))
 			continue
 		}
-		for _, of := range it.Offerings.Available().Compatible(reqs) {
+		compatible := it.Offerings.Available().Compatible(reqs)
+		if len(compatible) == 0 {
+			why = append(why, fmt.Sprintf("%s: no available offering matches %s", it.Name, offeringRequirements(reqs)))
+		}
+		for _, of := range compatible {
 			key := instancetype.OfferingKey{InstanceType: it.Name, Zone: of.Zone(), CapacityType: of.CapacityType()}
+			found := false
 			for _, src := range set.Origins[key] {
 				if !src.Available {
 					continue
 				}
+				found = true
 				if best == nil || of.Price < bestPrice {
 					s := src
 					best, bestPrice = &s, of.Price
 				}
 				break
 			}
+			if !found {
+				why = append(why, fmt.Sprintf("%s in %q (%s): no MachineDeployment can grow", it.Name, of.Zone(), of.CapacityType()))
+			}
 		}
 	}
 	if best == nil {
-		return instancetype.Source{}, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: no available offering fits its requirements and resources", nodeClaim.Name))
+		return instancetype.Source{}, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: no available offering fits its requirements and resources: %s",
+			nodeClaim.Name, truncate(strings.Join(why, "; "))))
 	}
 	return *best, nil
+}
+
+func offeringRequirements(reqs scheduling.Requirements) string {
+	var parts []string
+	for _, key := range []string{corev1.LabelTopologyZone, karpv1.CapacityTypeLabelKey} {
+		if reqs.Has(key) {
+			parts = append(parts, reqs.Get(key).String())
+		}
+	}
+	if len(parts) == 0 {
+		return "any zone and capacity type"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Delete removes the NodeClaim's Machine. It returns NodeClaimNotFoundError

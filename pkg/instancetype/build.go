@@ -24,6 +24,9 @@ type Set struct {
 	Origins       map[OfferingKey][]Source
 	// Problems are reasons some sources were skipped or merged, each naming the object.
 	Problems []string
+	// Estimated names the instance types with an offering priced by estimate
+	// because no price annotation gave one, sorted.
+	Estimated []string
 }
 
 // Build merges sources into instance types: sources that yield the same
@@ -50,9 +53,14 @@ func Build(sources []Source) *Set {
 		sort.Slice(group, func(i, j int) bool { return originLess(group[i].Origin, group[j].Origin) })
 		it, kept := buildOne(name, group, set)
 		set.InstanceTypes = append(set.InstanceTypes, it)
+		estimated := false
 		for _, s := range kept {
 			k := OfferingKey{InstanceType: name, Zone: s.Zone, CapacityType: s.CapacityType}
 			set.Origins[k] = append(set.Origins[k], s)
+			estimated = estimated || s.PriceEstimated
+		}
+		if estimated {
+			set.Estimated = append(set.Estimated, name)
 		}
 	}
 	for k, origins := range set.Origins {

@@ -38,8 +38,16 @@ var (
 		Name:      "orphans_released_total",
 		Help:      "Replicas (kind=replica) and Machines (kind=machine) given back because their NodeClaim was gone.",
 	}, []string{"kind"})
+
+	// OfferingPrice is the hourly price in use per offering, and whether it
+	// is the resource-based estimate (estimated="true") or from an annotation.
+	OfferingPrice = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace,
+		Name:      "offering_price",
+		Help:      "Hourly price in use per NodeClass offering; estimated=\"true\" when no price annotation gave it.",
+	}, []string{"nodeclass", "instance_type", "zone", "capacity_type", "estimated"})
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased)
+	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased, OfferingPrice)
 }

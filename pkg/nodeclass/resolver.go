@@ -5,7 +5,12 @@ package nodeclass
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,12 +22,58 @@ import (
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
 // Resolver resolves NodeClasses against the hub.
 type Resolver struct {
 	hub   *hub.Hub
 	store *instancetype.Store
+
+	mu         sync.Mutex
+	lastPrices map[string][]prometheus.Labels // per NodeClass, the price series it set
+}
+
+// recordPrices publishes the price of every offering of the NodeClass and
+// removes series of offerings that went away.
+func (r *Resolver) recordPrices(nodeClass string, set *instancetype.Set) {
+	var series []prometheus.Labels
+	for _, it := range set.InstanceTypes {
+		for _, of := range it.Offerings {
+			key := instancetype.OfferingKey{InstanceType: it.Name, Zone: of.Zone(), CapacityType: of.CapacityType()}
+			estimated := false
+			for _, src := range set.Origins[key] {
+				if src.Price == of.Price {
+					estimated = src.PriceEstimated
+					break
+				}
+			}
+			l := prometheus.Labels{"nodeclass": nodeClass, "instance_type": it.Name, "zone": of.Zone(),
+				"capacity_type": of.CapacityType(), "estimated": strconv.FormatBool(estimated)}
+			metrics.OfferingPrice.With(l).Set(of.Price)
+			series = append(series, l)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastPrices == nil {
+		r.lastPrices = map[string][]prometheus.Labels{}
+	}
+	for _, old := range r.lastPrices[nodeClass] {
+		if !containsLabels(series, old) {
+			metrics.OfferingPrice.Delete(old)
+		}
+	}
+	r.lastPrices[nodeClass] = series
+}
+
+func containsLabels(list []prometheus.Labels, l prometheus.Labels) bool {
+	for _, x := range list {
+		if maps.Equal(x, l) {
+			return true
+		}
+	}
+	return false
 }
 
 // NewResolver returns a resolver reading from the hub and the instance-type store.
@@ -49,7 +100,8 @@ func (r *Resolver) resolveMachineDeployments(_ context.Context, nc *v1alpha1.Clu
 		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.scalableResourceSelector is not a valid label selector: %w", err)
 	}
 	set := r.store.Resolve(sel, sel.String())
-	res := nodeclassstatus.Resolution{Problems: set.Problems}
+	r.recordPrices(nc.Name, set)
+	res := nodeclassstatus.Resolution{Problems: set.Problems, EstimatedPrices: set.Estimated}
 	for _, it := range set.InstanceTypes {
 		res.InstanceTypes = append(res.InstanceTypes, it.Name)
 	}

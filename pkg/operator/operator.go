@@ -118,6 +118,7 @@ func (o *Operator) Run(ctx context.Context) {
 	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store)
 	undecorated := cloudprovider.New(o.GetClient(), store, managed, mdProvider)
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
+	undecorated.UsePricesFrom(cloudProvider)
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))
 	clusterState := state.NewCluster(o.Clock, o.GetClient(), cloudProvider, state.WithRepairPolicyMatcher(repairPolicyMatcher))
 	log.FromContext(ctx).WithValues("namespace", o.Hub.Scope.Namespace, "cluster", o.Hub.Scope.ClusterName).Info("starting Cluster API provider")

@@ -37,6 +37,9 @@ func pool(t testing.TB, name string) {
 					NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: name},
 					Requirements: []karpv1.NodeSelectorRequirementWithMinValues{
 						{Key: corev1.LabelOSStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"linux"}},
+						// Core replaces an on-demand node only with spot when a NodePool allows both
+						// (see docs/concepts.md): these MachineDeployments offer on-demand only.
+						{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{karpv1.CapacityTypeOnDemand}},
 					},
 					ExpireAfter: karpv1.MustParseNillableDuration("Never"),
 				},

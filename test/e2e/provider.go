@@ -77,6 +77,7 @@ func StartProvider(bin string, w *world.World, logName string, extra ...string) 
 		// Decide on pending pods quickly; production defaults are 1s/10s.
 		"BATCH_IDLE_DURATION=500ms",
 		"BATCH_MAX_DURATION=3s",
+		"FEATURE_GATES=NodeOverlay=true",
 	)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()

@@ -60,6 +60,7 @@ func run(m *testing.M) int {
 	defer func() { provider.Stop() }()
 	code := m.Run()
 	if code != 0 {
+		w.KeepDir = true
 		fmt.Fprintf(os.Stderr, "logs: provider %s; world %v\n", provider.LogPath, w.LogFiles())
 		if os.Getenv("E2E_KEEP_LOGS") == "" {
 			dumpTail(provider.LogPath, 200)

@@ -142,6 +142,12 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		AWS:                 newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay),
 	}
 	defer func() {
+		if r := recover(); r != nil {
+			// A panic would otherwise leave the API servers running.
+			w.KeepDir = true
+			_ = w.Stop()
+			panic(r)
+		}
 		if err != nil {
 			w.KeepDir = true
 			_ = w.Stop()

@@ -9,6 +9,10 @@ const (
 	// ConditionTypeInstanceTypesResolved is True when the NodeClass's selection
 	// resolves to at least one usable MachineDeployment or template in scope.
 	ConditionTypeInstanceTypesResolved = "InstanceTypesResolved"
+	// ConditionTypePricesConfigured is True when every offering has a price
+	// from an annotation, False when some are priced by estimate. It does not
+	// affect readiness: estimated prices work, real ones work better.
+	ConditionTypePricesConfigured = "PricesConfigured"
 )
 
 // ClusterAPINodeClassStatus is what the provider resolved from the spec.
@@ -25,6 +29,12 @@ type ClusterAPINodeClassStatus struct {
 	// +optional
 	// +listType=atomic
 	InstanceTypes []string `json:"instanceTypes,omitempty"`
+
+	// EstimatedPrices lists the instance types with an offering priced by
+	// the resource-based estimate because no price annotation gave a price.
+	// +optional
+	// +listType=atomic
+	EstimatedPrices []string `json:"estimatedPrices,omitempty"`
 }
 
 // StatusConditions returns the condition set; Ready follows its dependents.

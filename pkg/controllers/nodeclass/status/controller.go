@@ -36,6 +36,8 @@ type Resolution struct {
 	// Problems explain selected objects that could not be used, each naming
 	// the object and the field.
 	Problems []string
+	// EstimatedPrices are instance types priced by estimate.
+	EstimatedPrices []string
 }
 
 // Resolver resolves a NodeClass against the hub.
@@ -48,6 +50,8 @@ const (
 	ReasonResolved         = "Resolved"
 	ReasonNothingSelected  = "NothingSelected"
 	ReasonResolutionFailed = "ResolutionFailed"
+	ReasonPricesEstimated  = "Estimated"
+	ReasonPricesAnnotated  = "Annotated"
 )
 
 // resyncPeriod bounds how stale a status can get for changes no watch sees
@@ -100,6 +104,14 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	nodeClass.Status.InstanceTypes = res.InstanceTypes
 	nodeClass.Status.InstanceTypeCount = int32(len(res.InstanceTypes))
+	nodeClass.Status.EstimatedPrices = res.EstimatedPrices
+	if len(res.EstimatedPrices) > 0 {
+		conditions.SetFalse(v1alpha1.ConditionTypePricesConfigured, ReasonPricesEstimated, truncate(fmt.Sprintf(
+			"priced by a resource-based estimate: %s; set the annotations %s and %s on their MachineDeployments or infrastructure templates",
+			strings.Join(res.EstimatedPrices, ", "), v1alpha1.PriceAnnotation, v1alpha1.SpotPriceAnnotation)))
+	} else if resolveErr == nil {
+		conditions.SetTrueWithReason(v1alpha1.ConditionTypePricesConfigured, ReasonPricesAnnotated, "")
+	}
 	if !equality.Semantic.DeepEqual(stored.Status, nodeClass.Status) {
 		if err := c.kubeClient.Status().Patch(ctx, nodeClass, client.MergeFromWithOptions(stored, client.MergeFromWithOptimisticLock{})); err != nil {
 			if errors.IsConflict(err) || errors.IsNotFound(err) {
