@@ -14,10 +14,9 @@ import (
 )
 
 // Field indexes of the hub cache: every lookup the provider makes on a hot
-// path is an index hit, never a list-and-scan.
+// path is an index hit, never a list-and-scan. (Machines by providerID live
+// in ManagedMachines, which Get and List read without copying.)
 const (
-	// IndexMachineProviderID indexes Machines by spec.providerID.
-	IndexMachineProviderID = "spec.providerID"
 	// IndexMachineNodeClaim indexes Machines by the NodeClaim they are bound to.
 	IndexMachineNodeClaim = "metadata.annotations.nodeclaim"
 	// IndexMachineDeploymentPendingClaim indexes MachineDeployments by the
@@ -47,14 +46,6 @@ func InfraTemplateKey(apiGroup, kind, name string) string {
 // SetupIndexes registers the hub cache's field indexes. Call before start.
 func (h *Hub) SetupIndexes(ctx context.Context) error {
 	idx := h.GetFieldIndexer()
-	if err := idx.IndexField(ctx, &clusterv1.Machine{}, IndexMachineProviderID, func(o client.Object) []string {
-		if id := o.(*clusterv1.Machine).Spec.ProviderID; id != "" {
-			return []string{id}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("indexing Machines by providerID: %w", err)
-	}
 	if err := idx.IndexField(ctx, &clusterv1.Machine{}, IndexMachineNodeClaim, func(o client.Object) []string {
 		if name := o.GetAnnotations()[v1alpha1.NodeClaimAnnotation]; name != "" {
 			return []string{name}
