@@ -12,9 +12,9 @@ package capacity
 import (
 	"errors"
 	"fmt"
+	"github.com/autonode/karpenter-clusterapi/pkg/annotation"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -67,9 +67,6 @@ const (
 // (cores, bytes).
 var maxQuantity = *resource.NewScaledQuantity(1, 18)
 
-// maxQuotedValue is how many bytes of a value Error quotes before eliding the rest.
-const maxQuotedValue = 256
-
 // Capacity is what the capacity annotations say about a node.
 type Capacity struct {
 	// Resources holds cpu, memory, ephemeral-storage (from ephemeral-disk),
@@ -83,40 +80,11 @@ type Capacity struct {
 	Taints []corev1.Taint
 }
 
-// FieldError is a bad annotation value. Error() names the key and quotes the
-// value, e.g.
-//
-//	annotation "capacity.cluster-autoscaler.kubernetes.io/cpu": "lots" is not a quantity: ...
-type FieldError struct {
-	// Key is the annotation key.
-	Key string
-	// Value is the annotation value, as written.
-	Value string
-	// Reason says what is wrong, as a predicate of the value ("is not a quantity: ...").
-	Reason string
-}
+// FieldError is a bad annotation value; Error() names the key and quotes the value.
+type FieldError = annotation.FieldError
 
-// Error implements error. Values longer than 256 bytes are quoted in part,
-// followed by their total length.
-func (e *FieldError) Error() string {
-	if e == nil {
-		return "<nil>"
-	}
-	return fmt.Sprintf("annotation %q: %s %s", e.Key, quote(e.Value), e.Reason)
-}
-
-// quote quotes s like %q, eliding everything after the first 256 bytes (cut at
-// a rune boundary) so that a huge value cannot produce a huge message.
-func quote(s string) string {
-	if len(s) <= maxQuotedValue {
-		return strconv.Quote(s)
-	}
-	i := maxQuotedValue
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:i]), len(s))
-}
+// quote quotes a value for a message, eliding the middle of huge ones.
+func quote(s string) string { return annotation.Quote(s) }
 
 func fieldError(key, value, format string, args ...any) *FieldError {
 	return &FieldError{Key: key, Value: value, Reason: fmt.Sprintf(format, args...)}

@@ -4,10 +4,10 @@ package pricing
 
 import (
 	"fmt"
+	"github.com/autonode/karpenter-clusterapi/pkg/annotation"
 	"math"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
 // MaxPriceLength is the longest price string (after trimming surrounding
@@ -18,43 +18,11 @@ const MaxPriceLength = 64
 // is taken to be a typo.
 const MaxPrice = 1e6
 
-// maxQuotedValue is how many bytes of a value Error quotes before eliding the rest.
-const maxQuotedValue = 256
+// FieldError is a bad annotation value; Error() names the key and quotes the value.
+type FieldError = annotation.FieldError
 
-// FieldError is a bad annotation value. Error() names the key and quotes the
-// value, e.g.
-//
-//	annotation "example.com/price": "free" is not a decimal number
-type FieldError struct {
-	// Key is the annotation key.
-	Key string
-	// Value is the annotation value, as written.
-	Value string
-	// Reason says what is wrong, as a predicate of the value ("is not a decimal number").
-	Reason string
-}
-
-// Error implements error. Values longer than 256 bytes are quoted in part,
-// followed by their total length.
-func (e *FieldError) Error() string {
-	if e == nil {
-		return "<nil>"
-	}
-	return fmt.Sprintf("annotation %q: %s %s", e.Key, quote(e.Value), e.Reason)
-}
-
-// quote quotes s like %q, eliding everything after the first 256 bytes (cut at
-// a rune boundary) so that a huge value cannot produce a huge message.
-func quote(s string) string {
-	if len(s) <= maxQuotedValue {
-		return strconv.Quote(s)
-	}
-	i := maxQuotedValue
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:i]), len(s))
-}
+// quote quotes a value for a message, eliding the middle of huge ones.
+func quote(s string) string { return annotation.Quote(s) }
 
 // ParsePrice parses an hourly price written by a user in an annotation: a
 // positive, finite decimal like "0.096" or "1.5".
