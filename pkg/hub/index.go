@@ -85,6 +85,9 @@ func PendingNodeClaims(o client.Object) (map[string]time.Time, error) {
 		return map[string]time.Time{}, fmt.Errorf("%s/%s: annotation %q is not a JSON map of NodeClaim names to times: %w",
 			o.GetNamespace(), o.GetName(), PendingNodeClaimsAnnotation, err)
 	}
+	if out == nil { // "null"
+		out = map[string]time.Time{}
+	}
 	return out, nil
 }
 
