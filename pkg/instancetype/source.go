@@ -53,7 +53,7 @@ type Source struct {
 	PriceEstimated bool
 	// Available is false when the origin cannot grow (at its max size).
 	Available bool
-	// Replicas of a MachineDeployment origin.
+	// Replicas of a MachineDeployment origin that has a max size (0 otherwise).
 	Replicas int32
 
 	// Labels are the labels a NodeClaim of this source carries, and
@@ -77,7 +77,9 @@ func FromMachineDeployment(md *clusterv1.MachineDeployment, template *unstructur
 		ObjectLabels: md.Labels,
 		Available:    true,
 	}
-	if md.Spec.Replicas != nil {
+	// Replicas matter only against a max size; leaving them out otherwise
+	// keeps a scale-up from invalidating every memoized instance-type set.
+	if _, ok := md.Annotations[MaxSizeAnnotation]; ok && md.Spec.Replicas != nil {
 		src.Replicas = *md.Spec.Replicas
 	}
 	what := fmt.Sprintf("MachineDeployment %s/%s", md.Namespace, md.Name)

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -163,5 +164,21 @@ func TestOverheadAndAllocatable(t *testing.T) {
 	wantMem.Sub(resource.MustParse("1565Mi")) // 11Mi*110+255Mi kube-reserved + 100Mi eviction
 	if alloc.Memory().Cmp(wantMem) != 0 {
 		t.Fatalf("allocatable memory = %v, want %v", alloc.Memory(), &wantMem)
+	}
+}
+
+func TestReplicaChangesKeepTheMemoUnlessAMaxSizeIsSet(t *testing.T) {
+	tmpl := awsTemplate("m5.large", false, map[string]any{"cpu": "2", "memory": "8Gi"}, nil)
+	store := NewStore()
+	sel := labels.Everything()
+	store.Put(FromMachineDeployment(md("a", nil, "us-east-1a", 0), tmpl))
+	first := store.Resolve(sel, "all")
+	store.Put(FromMachineDeployment(md("a", nil, "us-east-1a", 7), tmpl))
+	if store.Resolve(sel, "all") != first {
+		t.Fatal("a replica change without a max size rebuilt the instance types")
+	}
+	store.Put(FromMachineDeployment(md("a", map[string]string{MaxSizeAnnotation: "7"}, "us-east-1a", 7), tmpl))
+	if set := store.Resolve(sel, "all"); set == first || set.InstanceTypes[0].Offerings[0].Available {
+		t.Fatal("reaching the max size must rebuild and make the offering unavailable")
 	}
 }
