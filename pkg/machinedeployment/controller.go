@@ -6,10 +6,13 @@ import (
 	"sort"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -50,6 +53,8 @@ type Controller struct {
 	provider *Provider
 	spoke    client.Reader // cached NodeClaims
 	spokeAPI client.Reader // live reads to confirm a NodeClaim is gone
+	// hubEvents and spokeEvents record events on Machines (hub) and NodeClaims (spoke).
+	hubEvents, spokeEvents record.EventRecorder
 }
 
 // NewController returns the controller.
@@ -63,6 +68,8 @@ func (c *Controller) Name() string { return "machinedeployment" }
 // Register watches MachineDeployments, their Machines and AWSMachineTemplates in the hub.
 func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 	h := c.provider.hub
+	c.hubEvents = h.GetEventRecorderFor(eventSource)   //nolint:staticcheck // the recorder core uses too
+	c.spokeEvents = m.GetEventRecorderFor(eventSource) //nolint:staticcheck // the recorder core uses too
 	return controllerruntime.NewControllerManagedBy(m).
 		Named(c.Name()).
 		WatchesRawSource(source.Kind(h.GetCache(), &clusterv1.MachineDeployment{}, &handler.TypedEnqueueRequestForObject[*clusterv1.MachineDeployment]{})).
@@ -219,6 +226,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 				return 0, err
 			} else if gone {
 				log.FromContext(ctx).Info("releasing Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
+				c.event(c.hubEvents, m, corev1.EventTypeNormal, "OrphanReleased", fmt.Sprintf("NodeClaim %s is gone: marked for deletion and its replica given back", claim))
 				if err := p.markForDeletion(ctx, m); err != nil && err != ErrMachineGone {
 					return 0, err
 				}
@@ -270,6 +278,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 		if gone {
 			log.FromContext(ctx).Info("giving back replica of a NodeClaim that is gone", "MachineDeployment", key, "NodeClaim", claim)
+			c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaGivenBack", fmt.Sprintf("NodeClaim %s is gone before a Machine was bound to it: replica given back", claim))
 			ops = append(ops, &op{kind: opGiveBack, name: claim})
 			metrics.OrphansReleased.WithLabelValues("replica").Inc()
 			p.inflight.Delete(claim)
@@ -305,6 +314,15 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 	return requeue, nil
 }
 
+// eventSource is the component name on the provider's events.
+const eventSource = "karpenter-clusterapi"
+
+func (c *Controller) event(r record.EventRecorder, obj runtime.Object, kind, reason, msg string) {
+	if r != nil {
+		r.Event(obj, kind, reason, msg)
+	}
+}
+
 // bind labels and annotates a Machine as the NodeClaim's. The optimistic
 // lock makes sure no one changed the Machine since it was read unbound.
 func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
@@ -322,6 +340,11 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 	}
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 	c.provider.waiters.notify(claim)
+	c.event(c.hubEvents, m, corev1.EventTypeNormal, "Bound", "bound to NodeClaim "+claim)
+	nc := &karpv1.NodeClaim{}
+	if err := c.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc); err == nil {
+		c.event(c.spokeEvents, nc, corev1.EventTypeNormal, "MachineBound", fmt.Sprintf("Machine %s/%s bound", m.Namespace, m.Name))
+	}
 	return nil
 }
 

@@ -7,8 +7,10 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,7 +42,9 @@ type Provider struct {
 	inflight sync.Map
 	// LaunchWait bounds one Launch call's wait for a providerID.
 	LaunchWait time.Duration
-	now        func() time.Time
+	// Events, when set, records events on Machines in the hub.
+	Events record.EventRecorder
+	now    func() time.Time
 }
 
 // NewProvider returns the MachineDeployment mode provider.
@@ -52,6 +56,7 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		scaler:     newObservedScaler(h),
 		waiters:    newWaiters(),
 		LaunchWait: DefaultLaunchWait,
+		Events:     h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
 		now:        time.Now,
 	}
 }
@@ -190,7 +195,13 @@ func (p *Provider) Release(ctx context.Context, claim string, machine *types.Nam
 	if err := p.markForDeletion(ctx, m); err != nil {
 		return err
 	}
-	return p.scaler.Apply(ctx, types.NamespacedName{Namespace: m.Namespace, Name: mdName}, &op{kind: opRelease, name: m.Name})
+	if err := p.scaler.Apply(ctx, types.NamespacedName{Namespace: m.Namespace, Name: mdName}, &op{kind: opRelease, name: m.Name}); err != nil {
+		return err
+	}
+	if p.Events != nil {
+		p.Events.Event(m, corev1.EventTypeNormal, "Released", "NodeClaim "+claim+" deleted: marked for deletion and its replica given back")
+	}
+	return nil
 }
 
 // markForDeletion annotates the Machine so that its MachineSet deletes it

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/awslabs/operatorpkg/status"
+	corev1 "k8s.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -33,6 +34,8 @@ func TestScaleUpAndDownThroughAMachineDeployment(t *testing.T) {
 		t.Fatalf("NodeClaims must carry the instance type and zone of the MachineDeployment, got %v %v", got.InstanceTypes, got.Zones)
 	}
 
+	waitEvents(t, "Bound", md.Name, 10)
+
 	scaleDeployment(t, d, 0)
 	start = time.Now()
 	got = waitCounts(t, 6*time.Minute, "a", "app-a", mds, func(c counts) bool {
@@ -41,6 +44,30 @@ func TestScaleUpAndDownThroughAMachineDeployment(t *testing.T) {
 	t.Logf("scaled to zero after %s: %s", time.Since(start).Round(time.Second), got)
 	if got.Pending != 0 {
 		t.Fatalf("bookkeeping left on the MachineDeployment: %s", got)
+	}
+	waitEvents(t, "Released", md.Name, 10)
+}
+
+// waitEvents waits until the hub holds at least n events with the reason on
+// Machines of the MachineDeployment (users see binds and releases there).
+func waitEvents(t *testing.T, reason, mdName string, n int) {
+	t.Helper()
+	var seen map[string]bool
+	err := WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
+		events := &corev1.EventList{}
+		if err := w.Hub.Client.List(ctx, events, client.InNamespace(w.Namespace)); err != nil {
+			return false, err
+		}
+		seen = map[string]bool{}
+		for _, e := range events.Items {
+			if e.Reason == reason && e.InvolvedObject.Kind == "Machine" && strings.HasPrefix(e.InvolvedObject.Name, mdName+"-") {
+				seen[e.InvolvedObject.Name] = true
+			}
+		}
+		return len(seen) >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("want %s events on %d Machines of %s, saw %d: %v", reason, n, mdName, len(seen), err)
 	}
 }
 
