@@ -71,12 +71,27 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		return nil, cloudprovider.NewCreateError(fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate (Machine mode) is not supported by this version", nodeClass.Name),
 			"UnsupportedMode", "Machine mode is not supported by this version")
 	}
-	set, err := c.resolve(nodeClass)
+	set, err := c.resolve(ctx, nodeClass)
 	if err != nil {
 		return nil, err
 	}
+	if nodeClaim.Annotations == nil {
+		nodeClaim.Annotations = map[string]string{}
+	}
+	var earlier *types.NamespacedName
+	if ref := nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation]; ref != "" {
+		ns, name, ok := strings.Cut(ref, "/")
+		if !ok || ns == "" || name == "" {
+			return nil, fmt.Errorf("NodeClaim %s: annotation %s %q is not <namespace>/<name>", nodeClaim.Name, v1alpha1.MachineDeploymentAnnotation, ref)
+		}
+		earlier = &types.NamespacedName{Namespace: ns, Name: name}
+	}
+	record := func(md types.NamespacedName) {
+		// Core persists this even when Create fails.
+		nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation] = md.String()
+	}
 	var chosen *instancetype.Source
-	m, err := c.md.Launch(ctx, nodeClaim.Name, func() (instancetype.Source, error) {
+	m, err := c.md.Launch(ctx, nodeClaim.Name, earlier, record, func() (instancetype.Source, error) {
 		src, err := cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
 		if err != nil {
 			return instancetype.Source{}, err
@@ -92,9 +107,6 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	}
 	// Record the binding on the NodeClaim: core persists it even when a
 	// later step fails, and Delete finds the Machine by it.
-	if nodeClaim.Annotations == nil {
-		nodeClaim.Annotations = map[string]string{}
-	}
 	nodeClaim.Annotations[v1alpha1.MachineAnnotation] = m.Namespace + "/" + m.Name
 	created := c.toNodeClaim(m)
 	if chosen != nil && created.Labels[corev1.LabelInstanceTypeStable] == "" {
@@ -103,7 +115,13 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	// Core keeps what Create returns: give it its own copy of what the
 	// store shares.
 	created = created.DeepCopy()
-	created.Annotations = map[string]string{v1alpha1.MachineAnnotation: nodeClaim.Annotations[v1alpha1.MachineAnnotation]}
+	created.Annotations = map[string]string{
+		v1alpha1.MachineAnnotation:           nodeClaim.Annotations[v1alpha1.MachineAnnotation],
+		v1alpha1.MachineDeploymentAnnotation: nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation],
+	}
+	if created.Annotations[v1alpha1.MachineDeploymentAnnotation] == "" {
+		delete(created.Annotations, v1alpha1.MachineDeploymentAnnotation)
+	}
 	return created, nil
 }
 
@@ -241,14 +259,17 @@ func (c *CloudProvider) GetInstanceTypes(ctx context.Context, nodePool *karpv1.N
 	if nodeClass.Spec.ScalableResourceSelector == nil {
 		return nil, nil
 	}
-	set, err := c.resolve(nodeClass)
+	set, err := c.resolve(ctx, nodeClass)
 	if err != nil {
 		return nil, err
 	}
 	return set.InstanceTypes, nil
 }
 
-func (c *CloudProvider) resolve(nodeClass *v1alpha1.ClusterAPINodeClass) (*instancetype.Set, error) {
+func (c *CloudProvider) resolve(ctx context.Context, nodeClass *v1alpha1.ClusterAPINodeClass) (*instancetype.Set, error) {
+	if err := c.store.Prime(ctx); err != nil {
+		return nil, err
+	}
 	sel, err := metav1.LabelSelectorAsSelector(nodeClass.Spec.ScalableResourceSelector)
 	if err != nil {
 		return nil, fmt.Errorf("ClusterAPINodeClass %s: spec.scalableResourceSelector: %w", nodeClass.Name, err)

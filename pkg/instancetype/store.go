@@ -1,6 +1,8 @@
 package instancetype
 
 import (
+	"context"
+	"fmt"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -13,6 +15,10 @@ import (
 // to until a source changes. GetInstanceTypes is called on every scheduling
 // pass; with the memo it costs a map lookup, not a rebuild.
 type Store struct {
+	primeMu sync.Mutex
+	primed  bool
+	primer  func(context.Context) error
+
 	mu         sync.RWMutex
 	sources    map[types.NamespacedName]Source
 	generation uint64
@@ -28,6 +34,31 @@ type memoEntry struct {
 // NewStore returns an empty store.
 func NewStore() *Store {
 	return &Store{sources: map[types.NamespacedName]Source{}, memo: map[string]memoEntry{}, changes: make(chan struct{}, 1)}
+}
+
+// SetPrimer sets the function that fills the store from the hub's current
+// state; Prime runs it until it has succeeded once.
+func (s *Store) SetPrimer(f func(context.Context) error) {
+	s.primeMu.Lock()
+	defer s.primeMu.Unlock()
+	s.primer = f
+}
+
+// Prime makes sure the store holds every origin in scope before it is
+// trusted: right after a start, an empty store would read as "nothing
+// matches", turning NodeClasses not Ready and launches into insufficient
+// capacity. It fails (retryably) while the hub cannot be read.
+func (s *Store) Prime(ctx context.Context) error {
+	s.primeMu.Lock()
+	defer s.primeMu.Unlock()
+	if s.primed || s.primer == nil {
+		return nil
+	}
+	if err := s.primer(ctx); err != nil {
+		return fmt.Errorf("reading the management cluster's MachineDeployments: %w", err)
+	}
+	s.primed = true
+	return nil
 }
 
 // Changes signals (coalesced) that sources changed.

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -57,9 +58,34 @@ type Controller struct {
 	hubEvents, spokeEvents record.EventRecorder
 }
 
-// NewController returns the controller.
+// NewController returns the controller. It also primes the provider's
+// instance-type store from the hub on first use.
 func NewController(p *Provider, spoke, spokeAPI client.Reader) *Controller {
-	return &Controller{provider: p, spoke: spoke, spokeAPI: spokeAPI}
+	c := &Controller{provider: p, spoke: spoke, spokeAPI: spokeAPI}
+	p.store.SetPrimer(c.prime)
+	return c
+}
+
+// prime computes the Source of every member MachineDeployment in scope, as
+// the reconciler would, so the store is complete before anyone trusts it.
+func (c *Controller) prime(ctx context.Context) error {
+	list := &clusterv1.MachineDeploymentList{}
+	sel := hub.HasLabel(labels.Everything(), v1alpha1.KarpenterMemberLabel)
+	if err := c.provider.hub.GetCache().List(ctx, list, c.provider.hub.Scope.ListOptions(sel)...); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		md := &list.Items[i]
+		if !c.provider.hub.Scope.Contains(md, md.Spec.ClusterName) {
+			continue
+		}
+		template, _, err := c.infraTemplate(ctx, md)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "reading infrastructure template", "MachineDeployment", client.ObjectKeyFromObject(md))
+		}
+		c.provider.store.Put(instancetype.FromMachineDeployment(md, template))
+	}
+	return nil
 }
 
 // Name of the controller.

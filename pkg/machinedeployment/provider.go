@@ -67,8 +67,13 @@ func (p *Provider) Scaler() *Scaler { return p.scaler }
 // Launch makes sure a Machine is bound to the NodeClaim and returns it once
 // it has a providerID. It resumes what an earlier call (of this process or
 // of one before a restart) started: a bound Machine or a raised replica is
-// never started again. choose is called only when nothing was started yet.
-func (p *Provider) Launch(ctx context.Context, claim string, choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
+// never started again. chosen is the MachineDeployment an earlier call
+// chose (recorded on the NodeClaim), or nil; choose is called only when
+// nothing was chosen or started yet, and record is told the choice before
+// the replica is raised, so that a retry after an ambiguous failure (the
+// update may have been applied) raises on the same MachineDeployment, where
+// raising is idempotent, and never on a second one.
+func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
 	m, err := p.BoundMachine(ctx, claim)
 	if err != nil {
 		return nil, err
@@ -79,14 +84,27 @@ func (p *Provider) Launch(ctx context.Context, claim string, choose func() (inst
 			return nil, err
 		}
 		if !started {
-			src, err := choose()
-			if err != nil {
-				return nil, err
+			origin := chosen
+			if origin != nil {
+				md := &clusterv1.MachineDeployment{}
+				if err := p.hub.GetCache().Get(ctx, *origin, md); apierrors.IsNotFound(err) {
+					origin = nil // the earlier choice is gone: choose again
+				} else if err != nil {
+					return nil, fmt.Errorf("reading MachineDeployment %s chosen for NodeClaim %s: %w", origin, claim, err)
+				}
 			}
-			if err := p.scaler.Apply(ctx, src.Origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
-				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", src.Origin, claim, err)
+			if origin == nil {
+				src, err := choose()
+				if err != nil {
+					return nil, err
+				}
+				origin = &src.Origin
+				record(src.Origin)
 			}
-			p.inflight.Store(claim, src.Origin)
+			if err := p.scaler.Apply(ctx, *origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
+				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
+			}
+			p.inflight.Store(claim, *origin)
 		}
 	}
 	return p.waitForProviderID(ctx, claim)

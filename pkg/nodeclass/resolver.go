@@ -94,7 +94,10 @@ func (r *Resolver) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass
 	return nodeclassstatus.Resolution{}, fmt.Errorf("neither spec.scalableResourceSelector nor spec.machineTemplate is set")
 }
 
-func (r *Resolver) resolveMachineDeployments(_ context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
+func (r *Resolver) resolveMachineDeployments(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
+	if err := r.store.Prime(ctx); err != nil {
+		return nodeclassstatus.Resolution{}, nodeclassstatus.Transient(err)
+	}
 	sel, err := metav1.LabelSelectorAsSelector(nc.Spec.ScalableResourceSelector)
 	if err != nil {
 		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.scalableResourceSelector is not a valid label selector: %w", err)

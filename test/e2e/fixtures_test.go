@@ -220,3 +220,5 @@ func waitCounts(t testing.TB, timeout time.Duration, pool, app string, mds []*cl
 	}
 	return last
 }
+
+func clientKey(name string) client.ObjectKey { return client.ObjectKey{Name: name} }

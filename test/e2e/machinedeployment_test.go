@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 )
@@ -46,6 +48,20 @@ func TestScaleUpAndDownThroughAMachineDeployment(t *testing.T) {
 		t.Fatalf("bookkeeping left on the MachineDeployment: %s", got)
 	}
 	waitEvents(t, "Released", md.Name, 10)
+}
+
+func nodeClaimNames(t *testing.T, pool string) []string {
+	t.Helper()
+	ncs := &karpv1.NodeClaimList{}
+	if err := w.Spoke.Client.List(context.Background(), ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, nc := range ncs.Items {
+		names = append(names, nc.Name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // waitEvents waits until the hub holds at least n events with the reason on
@@ -147,6 +163,7 @@ func TestRestartAfterRaisingReplicasResumes(t *testing.T) {
 
 	waitCounts(t, 2*time.Minute, "d", "app-d", mds, func(c counts) bool { return c.Replicas >= 1 })
 	provider.Kill()
+	before := nodeClaimNames(t, "d")
 	c, err := count(context.Background(), "d", "app-d", mds...)
 	if err != nil {
 		t.Fatal(err)
@@ -162,6 +179,11 @@ func TestRestartAfterRaisingReplicasResumes(t *testing.T) {
 	})
 	if got.Replicas != 3 || got.Machines != 3 || got.BoundMachines != 3 || got.NodeClaims != 3 || got.Nodes != 3 {
 		t.Fatalf("after the restart want exactly 3 replicas, Machines (all bound), NodeClaims and Nodes, got %s", got)
+	}
+	// The NodeClaims that were launching survive the restart: a provider that
+	// starts cold must not report them as unlaunchable (Karpenter would delete them).
+	if after := nodeClaimNames(t, "d"); len(before) == 0 || !slices.Equal(before, after) {
+		t.Fatalf("NodeClaims before the restart %v, after %v: the launching ones must be the ones that launched", before, after)
 	}
 	// Nothing extra shows up later either.
 	again := waitCounts(t, time.Minute, "d", "app-d", mds, func(c counts) bool { return c.RunningPods == 3 })

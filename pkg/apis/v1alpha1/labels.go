@@ -7,6 +7,9 @@ const (
 	KarpenterMemberLabel = "node.cluster.x-k8s.io/karpenter-member"
 	// MachineAnnotation on a NodeClaim names the Machine backing it as <namespace>/<name>.
 	MachineAnnotation = "cluster.x-k8s.io/machine"
+	// MachineDeploymentAnnotation on a NodeClaim names the MachineDeployment
+	// <namespace>/<name> chosen for it, before its replica is raised.
+	MachineDeploymentAnnotation = Group + "/machinedeployment"
 	// NodeClaimAnnotation on a Machine names the NodeClaim it backs.
 	NodeClaimAnnotation = Group + "/nodeclaim"
 	// PriceAnnotation is the on-demand price per hour (a decimal).

@@ -6,13 +6,15 @@ package status
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/awslabs/operatorpkg/reasonable"
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/errors"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	controllerruntime "sigs.k8s.io/controller-runtime"
@@ -44,6 +46,16 @@ type Resolution struct {
 type Resolver interface {
 	Resolve(ctx context.Context, nodeClass *v1alpha1.ClusterAPINodeClass) (Resolution, error)
 }
+
+// transientError marks a resolution failure that says nothing about the
+// NodeClass (the hub cannot be read): the status is left as it was.
+type transientError struct{ err error }
+
+func (e *transientError) Error() string { return e.err.Error() }
+func (e *transientError) Unwrap() error { return e.err }
+
+// Transient wraps an error as transient.
+func Transient(err error) error { return &transientError{err: err} }
 
 // Reasons of the InstanceTypesResolved condition.
 const (
@@ -90,6 +102,12 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	res, resolveErr := c.resolver.Resolve(ctx, nodeClass)
 	c.announceProblems(nodeClass, res.Problems)
 	conditions := nodeClass.StatusConditions()
+	if resolveErr != nil && errors.As(resolveErr, new(*transientError)) {
+		// The hub cannot be read right now: what was resolved before still
+		// holds. Flipping to not Ready would make Karpenter delete NodeClaims
+		// that are launching.
+		return reconcile.Result{}, resolveErr
+	}
 	switch {
 	case resolveErr != nil:
 		conditions.SetFalse(v1alpha1.ConditionTypeInstanceTypesResolved, ReasonResolutionFailed, truncate(resolveErr.Error()))
@@ -114,7 +132,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	if !equality.Semantic.DeepEqual(stored.Status, nodeClass.Status) {
 		if err := c.kubeClient.Status().Patch(ctx, nodeClass, client.MergeFromWithOptions(stored, client.MergeFromWithOptimisticLock{})); err != nil {
-			if errors.IsConflict(err) || errors.IsNotFound(err) {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				return reconcile.Result{Requeue: true}, nil
 			}
 			return reconcile.Result{}, fmt.Errorf("patching status of ClusterAPINodeClass %s: %w", nodeClass.Name, err)
