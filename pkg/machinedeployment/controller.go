@@ -42,6 +42,10 @@ const (
 	// OrphanGrace is how long a pending replica or a bound Machine may exist
 	// without its NodeClaim before it is given back or released.
 	OrphanGrace = 30 * time.Second
+	// cleanupDelay is how long bookkeeping that changes no count (pending
+	// entries of bound claims, released Machines that are gone) may wait to
+	// ride along with another write.
+	cleanupDelay = 10 * time.Second
 	// templateResync re-reads infrastructure templates of kinds the cache
 	// does not watch by type.
 	templateResync = 5 * time.Minute
@@ -238,14 +242,23 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 	}
 
+	var cleanups []*op
+	oldestCleanup := now
+	cleanup := func(o *op, since time.Time) {
+		cleanups = append(cleanups, o)
+		if since.Before(oldestCleanup) {
+			oldestCleanup = since
+		}
+	}
+
 	existing := map[string]bool{}
 	var candidates []*clusterv1.Machine
 	for i := range machines.Items {
 		m := &machines.Items[i]
 		existing[m.Name] = true
 		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
-			if _, ok := pending[claim]; ok {
-				ops = append(ops, &op{kind: opBound, name: claim})
+			if since, ok := pending[claim]; ok {
+				cleanup(&op{kind: opBound, name: claim}, since)
 				delete(pending, claim)
 			}
 			if gone, err := c.orphaned(ctx, m, claim, now); err != nil {
@@ -265,13 +278,13 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 		_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
 		_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
-		if !member && !marked && m.DeletionTimestamp.IsZero() {
+		if !member && !marked && m.DeletionTimestamp.IsZero() && !p.recent.machineBound(m.Namespace+"/"+m.Name) {
 			candidates = append(candidates, m)
 		}
 	}
 	for name := range released {
 		if !existing[name] {
-			ops = append(ops, &op{kind: opForget, name: name})
+			cleanup(&op{kind: opForget, name: name}, time.Time{})
 		}
 	}
 
@@ -291,11 +304,17 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 	})
 	for _, claim := range claims {
 		since := pending[claim]
-		// A Machine bound elsewhere (another MachineSet, or a race) settles it.
+		// A Machine bound elsewhere (another MachineSet, or a race) settles
+		// it, and so does a binding this process made that the cache does
+		// not show yet.
+		if p.recent.claimBound(claim, now) {
+			cleanup(&op{kind: opBound, name: claim}, since)
+			continue
+		}
 		if m, err := p.BoundMachine(ctx, claim); err != nil {
 			return 0, err
 		} else if m != nil {
-			ops = append(ops, &op{kind: opBound, name: claim})
+			cleanup(&op{kind: opBound, name: claim}, since)
 			continue
 		}
 		gone, err := c.nodeClaimGone(ctx, claim, since, now)
@@ -330,8 +349,18 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			}
 			return 0, err
 		}
-		ops = append(ops, &op{kind: opBound, name: claim})
+		cleanup(&op{kind: opBound, name: claim}, since)
 	}
+	// Bookkeeping that changes no count rides along with the next counting
+	// write, or goes alone once it is cleanupDelay old: a burst then costs
+	// the MachineDeployment a few writes, not one per bound Machine.
+	if len(ops) == 0 && len(cleanups) > 0 {
+		if wait := cleanupDelay - now.Sub(oldestCleanup); wait > 0 {
+			later(wait)
+			cleanups = nil
+		}
+	}
+	ops = append(ops, cleanups...)
 	if len(ops) > 0 {
 		if err := p.scaler.Apply(ctx, key, ops...); err != nil {
 			return 0, err
@@ -349,10 +378,14 @@ func (c *Controller) event(r record.EventRecorder, obj runtime.Object, kind, rea
 	}
 }
 
-// bind labels and annotates a Machine as the NodeClaim's. The optimistic
-// lock makes sure no one changed the Machine since it was read unbound.
+// bind labels and annotates a Machine as the NodeClaim's. The patch carries
+// no resourceVersion: Cluster API's controllers update a new Machine several
+// times in its first seconds, and an optimistic lock would turn each of those
+// into a conflict and a second write. Only this controller binds (one leader,
+// one reconcile per MachineDeployment at a time) and recent bindings are
+// remembered until the cache shows them, so nothing can bind concurrently.
 func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
-	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	patch := client.MergeFrom(m.DeepCopy())
 	if m.Labels == nil {
 		m.Labels = map[string]string{}
 	}
@@ -364,6 +397,7 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 	if err := c.provider.hub.GetClient().Patch(ctx, m, patch); err != nil {
 		return fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
 	}
+	c.provider.recent.add(claim, m.Namespace+"/"+m.Name, c.provider.now())
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 	c.provider.waiters.notify(claim)
 	c.event(c.hubEvents, m, corev1.EventTypeNormal, "Bound", "bound to NodeClaim "+claim)

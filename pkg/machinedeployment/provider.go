@@ -40,6 +40,11 @@ type Provider struct {
 	// inflight maps a NodeClaim to the MachineDeployment this process raised
 	// a replica for, until the hub cache shows the pending entry.
 	inflight sync.Map
+	// recent remembers the bindings this process made until the hub cache
+	// shows them, so that a reconcile reading a cache that lags behind its
+	// own writes never binds a second Machine to a NodeClaim, or a Machine
+	// twice.
+	recent recentBindings
 	// LaunchWait bounds one Launch call's wait for a providerID.
 	LaunchWait time.Duration
 	// Events, when set, records events on Machines in the hub.

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Runs every benchmark and prints one table: figure | measured | target | ok?
+# The same table is written as JSON to bench-results.json in the repository
+# root; that file is a build artifact, do not commit it.
+#
+#   test/bench (real API server, 10,000 Machines, 500 MachineDeployments):
+#     Get, List, GetInstanceTypes (+ after a change), resident memory
+#   test/e2e (the end-to-end world): launch latency, burst of 200 NodeClaims
+#
+# Exit status: 1 when a benchmark run failed or a target was missed.
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+export GOFLAGS="${GOFLAGS:--buildvcs=false -mod=mod}"
+if [[ -z "${KUBEBUILDER_ASSETS:-}" ]]; then
+	KUBEBUILDER_ASSETS="$("$root/hack/envtest-bins.sh")" || { echo "bench: no envtest binaries" >&2; exit 1; }
+	export KUBEBUILDER_ASSETS
+fi
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+start=$SECONDS
+failed=0
+
+echo "== test/bench (Get, List, GetInstanceTypes, resident memory) =="
+go test -run '^$' -bench . -benchtime 2s -timeout 30m ./test/bench/ 2>&1 | tee "$out/bench.txt"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: test/bench failed" >&2; failed=1; }
+
+# One world and provider each: the launch latency histogram is the provider
+# process's, and the burst would otherwise load the latency run's world.
+for b in LaunchLatency Burst200; do
+	echo "== test/e2e ($b) =="
+	go test -run '^$' -bench "^Benchmark$b\$" -benchtime 1x -timeout 30m ./test/e2e/ 2>&1 | tee -a "$out/e2e.txt"
+	[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: test/e2e $b failed" >&2; failed=1; }
+done
+
+elapsed=$((SECONDS - start))
+
+# Benchmark lines: BenchmarkName-N  iterations  value unit  value unit ...
+# Each figure: benchmark, unit, scale (divide by), display unit, comparison, target.
+awk -v json="$root/bench-results.json" -v elapsed="$elapsed" -v failed="$failed" '
+/^Benchmark/ {
+	name = $1; sub(/-[0-9]+$/, "", name); sub(/^Benchmark/, "", name)
+	for (i = 3; i + 1 <= NF; i += 2) v[name "|" $(i + 1)] = $i
+}
+# pad to a display width (UTF-8 continuation bytes take no column)
+function pad(s, w,    t) {
+	t = s; gsub(/[\200-\277]/, "", t)
+	while (length(t) < w) { s = s " "; t = t " " }
+	return s
+}
+function dw(s) { gsub(/[\200-\277]/, "", s); return length(s) }
+function fig(label, key, scale, unit, op, target,    m, ok, shown, tshown) {
+	if (!(key in v)) { m = ""; ok = (op == "") ? "-" : "MISSING"; shown = "missing" }
+	else {
+		m = v[key] / scale
+		shown = sprintf("%.4g %s", m, unit)
+		if (op == "<=") ok = (m <= target) ? "yes" : "NO"
+		else if (op == "==") ok = (m == target) ? "yes" : "NO"
+		else ok = "-"
+	}
+	tshown = (op == "") ? "-" : sprintf("%s %s %s", op == "==" ? "=" : "≤", target, unit)
+	if (ok == "NO" || ok == "MISSING") missed++
+	n++
+	L[n] = label; M[n] = shown; T[n] = tshown; O[n] = ok
+	J[n] = sprintf("{\"figure\": \"%s\", \"measured\": %s, \"unit\": \"%s\", \"target\": %s, \"comparison\": \"%s\", \"ok\": %s}",
+		label, (m == "" ? "null" : sprintf("%.6g", m)), unit, (op == "" ? "null" : target), op,
+		(ok == "yes" ? "true" : (ok == "-" ? "null" : "false")))
+}
+END {
+	fig("Get(providerID), 10,000 Machines",                     "Get|ns/op",                          1000,    "µs",   "<=", 50)
+	fig("List, 10,000 Machines",                                "List|ns/op",                         1e6,     "ms",   "<=", 20)
+	fig("GetInstanceTypes, 500 MachineDeployments, unchanged",  "GetInstanceTypes|ns/op",             1e6,     "ms",   "<=", 0.5)
+	fig("GetInstanceTypes after a change (full rebuild)",       "GetInstanceTypesAfterChange|ns/op",  1e6,     "ms",   "",   "")
+	fig("launch latency added by the provider, p50",            "LaunchLatency|provider-p50-ms<=",    1,       "ms",   "<=", 100)
+	fig("launch latency added by the provider, p99",            "LaunchLatency|provider-p99-ms<=",    1,       "ms",   "<=", 500)
+	fig("launch end to end (hub providerID -> NodeClaim), p50", "LaunchLatency|end-to-end-p50-ms",    1,       "ms",   "",   "")
+	fig("launch end to end (hub providerID -> NodeClaim), p99", "LaunchLatency|end-to-end-p99-ms",    1,       "ms",   "",   "")
+	fig("burst 200: Machines of the MachineDeployment",         "Burst200|machines",                  1,       "",     "==", 200)
+	fig("burst 200: unbound Machines",                          "Burst200|unbound-machines",          1,       "",     "==", 0)
+	fig("burst 200: writes/node by the provider (hub+spoke)",   "Burst200|writes/node",               1,       "",     "<=", 2)
+	fig("burst 200: writes/node to the hub only",               "Burst200|hub-writes/node",           1,       "",     "",   "")
+	fig("burst 200: wall time",                                 "Burst200|wall-s",                    1,       "s",    "",   "")
+	fig("burst 200: infrastructure own time (no Karpenter)",    "Burst200|infra-s",                   1,       "s",    "",   "")
+	fig("burst 200: wall / infrastructure time",                "Burst200|wall/infra",                1,       "",     "<=", 1.2)
+	fig("resident memory (VmRSS), 10,000 Machines",             "ResidentMemory10k|rss-MiB",          1,       "MiB",  "<=", 300)
+	fig("peak resident memory (VmHWM), 10,000 Machines",        "ResidentMemory10k|peak-rss-MiB",     1,       "MiB",  "",   "")
+
+	w1 = length("figure"); w2 = length("measured"); w3 = length("target")
+	for (i = 1; i <= n; i++) {
+		if (dw(L[i]) > w1) w1 = dw(L[i])
+		if (dw(M[i]) > w2) w2 = dw(M[i])
+		if (dw(T[i]) > w3) w3 = dw(T[i])
+	}
+	printf "\n%s | %s | %s | ok?\n", pad("figure", w1), pad("measured", w2), pad("target", w3)
+	sep = ""; for (i = 0; i < w1 + w2 + w3 + 12; i++) sep = sep "-"
+	print sep
+	for (i = 1; i <= n; i++) printf "%s | %s | %s | %s\n", pad(L[i], w1), pad(M[i], w2), pad(T[i], w3), O[i]
+	printf "\n%d figures, %d missed or missing; benchmarks took %ds\n", n, missed, elapsed
+
+	printf "{\n  \"elapsed_seconds\": %d,\n  \"runs_failed\": %s,\n  \"figures\": [\n", elapsed, (failed ? "true" : "false") > json
+	for (i = 1; i <= n; i++) printf "    %s%s\n", J[i], (i < n ? "," : "") > json
+	printf "  ]\n}\n" > json
+	close(json)
+	print "written to " json " (a build artifact; do not commit)"
+	exit (missed > 0 || failed) ? 1 : 0
+}' "$out/bench.txt" "$out/e2e.txt"
