@@ -57,10 +57,7 @@ func (mm *ManagedMachines) upsert(o any) {
 	key := m.Namespace + "/" + m.Name
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
-	if old, ok := mm.byName[key]; ok {
-		delete(mm.byProvider, old)
-		delete(mm.byName, key)
-	}
+	mm.forgetLocked(key)
 	_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
 	if !member || m.Spec.ProviderID == "" || m.Annotations[v1alpha1.NodeClaimAnnotation] == "" || !mm.scope.Contains(m, m.Spec.ClusterName) {
 		return
@@ -77,9 +74,13 @@ func (mm *ManagedMachines) remove(o any) {
 	if !ok {
 		return
 	}
-	key := m.Namespace + "/" + m.Name
 	mm.mu.Lock()
 	defer mm.mu.Unlock()
+	mm.forgetLocked(m.Namespace + "/" + m.Name)
+}
+
+// forgetLocked drops the Machine <namespace>/<name>; mm.mu must be held.
+func (mm *ManagedMachines) forgetLocked(key string) {
 	if id, ok := mm.byName[key]; ok {
 		delete(mm.byProvider, id)
 		delete(mm.byName, key)
