@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes/scheme"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -57,14 +56,7 @@ func BenchmarkBurst200(b *testing.B) {
 	w.AWS.SetProvisionDelay(delay)
 	defer w.AWS.SetProvisionDelay(world.DefaultProvisionDelay)
 
-	hubCache, err := cache.New(w.Hub.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
-	spokeCache, err := cache.New(w.Spoke.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
+	hubCache, spokeCache := worldCaches(b)
 	for _, inf := range []struct {
 		c cache.Cache
 		o client.Object

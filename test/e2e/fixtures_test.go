@@ -10,7 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -222,3 +224,18 @@ func waitCounts(t testing.TB, timeout time.Duration, pool, app string, mds []*cl
 }
 
 func clientKey(name string) client.ObjectKey { return client.ObjectKey{Name: name} }
+
+// worldCaches returns unstarted informer caches of the world's hub and spoke,
+// for tests that watch what happens there.
+func worldCaches(t testing.TB) (hub, spoke cache.Cache) {
+	t.Helper()
+	hub, err := cache.New(w.Hub.Config, cache.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spoke, err = cache.New(w.Spoke.Config, cache.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hub, spoke
+}

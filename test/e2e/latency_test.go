@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
@@ -31,14 +29,7 @@ func BenchmarkLaunchLatency(b *testing.B) {
 	machineSeen := map[string]time.Time{} // providerID -> first seen
 	claimSeen := map[string]time.Time{}
 
-	hubCache, err := cache.New(w.Hub.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
-	spokeCache, err := cache.New(w.Spoke.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
+	hubCache, spokeCache := worldCaches(b)
 	mi, err := hubCache.GetInformer(ctx, &clusterv1.Machine{})
 	if err != nil {
 		b.Fatal(err)
