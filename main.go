@@ -23,6 +23,11 @@ func main() {
 			fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)
 			os.Exit(1)
 		}
+		// Before core's operator: its informers need these kinds to exist.
+		if err := operator.InstallWorkloadCRDs(context.Background(), opts); err != nil {
+			fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)
+			os.Exit(1)
+		}
 	}
 	ctx, core := coreoperator.NewOperator()
 	op, err := operator.NewOperator(ctx, core)
