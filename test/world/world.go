@@ -91,6 +91,9 @@ type Options struct {
 	Zones []string
 	// Logger for the controllers of the world; default: world.log in Dir.
 	Logger *logr.Logger
+	// WithoutWorkloadCRDs starts the spoke without the Karpenter and NodeClass
+	// CRDs (the provider's --install-workload-crds installs them).
+	WithoutWorkloadCRDs bool
 }
 
 // World is a running world. Stop it when done.
@@ -166,7 +169,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	phase := func(name string) {
 		log.WithName("world").Info("start phase done", "phase", name, "elapsed", time.Since(t0).Round(time.Millisecond).String())
 	}
-	if err := w.startAPIServers(); err != nil {
+	if err := w.startAPIServers(!o.WithoutWorkloadCRDs); err != nil {
 		return w, err
 	}
 	phase("api servers")
@@ -228,12 +231,16 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	return w, nil
 }
 
-func (w *World) startAPIServers() error {
+func (w *World) startAPIServers(workloadCRDs bool) error {
+	startSpoke := environment.StartSpoke
+	if !workloadCRDs {
+		startSpoke = func() (*environment.Cluster, error) { return environment.Start("spoke", nil) }
+	}
 	var wg sync.WaitGroup
 	var hubErr, spokeErr error
 	wg.Add(2)
 	go func() { defer wg.Done(); w.Hub, hubErr = environment.StartHub() }()
-	go func() { defer wg.Done(); w.Spoke, spokeErr = environment.StartSpoke() }()
+	go func() { defer wg.Done(); w.Spoke, spokeErr = startSpoke() }()
 	wg.Wait()
 	return errors.Join(hubErr, spokeErr)
 }
