@@ -29,6 +29,13 @@ var clusterAPICRDs = []string{
 	"cluster.x-k8s.io_machinedrainrules.yaml",
 }
 
+// cabpkCRDs are the CRDs of Cluster API's kubeadm bootstrap provider
+// (CABPK), which the world's simulated bootstrap provider serves.
+var cabpkCRDs = []string{
+	"bootstrap.cluster.x-k8s.io_kubeadmconfigs.yaml",
+	"bootstrap.cluster.x-k8s.io_kubeadmconfigtemplates.yaml",
+}
+
 // capaCRDs are the CAPA CRDs of the simulated AWS.
 var capaCRDs = []string{
 	"infrastructure.cluster.x-k8s.io_awsclusters.yaml",
@@ -65,9 +72,10 @@ func ModuleDir(module string) (string, error) {
 	return dir, nil
 }
 
-// HubCRDs returns the Cluster API and CAPA CRDs, served at v1beta2 only:
-// without Cluster API's conversion webhooks running, older versions cannot be
-// served. CAPA's CRDs get the contract label Cluster API looks for.
+// HubCRDs returns the Cluster API, CABPK and CAPA CRDs, served at v1beta2
+// only: without Cluster API's conversion webhooks running, older versions
+// cannot be served. CABPK's and CAPA's CRDs get the contract label Cluster
+// API looks for (clusterctl's kustomization adds it to CABPK's).
 func HubCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	capi, err := ModuleDir("sigs.k8s.io/cluster-api")
 	if err != nil {
@@ -84,6 +92,18 @@ func HubCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 			return nil, err
 		}
 		out = append(out, onlyVersion(crd, "v1beta2"))
+	}
+	for _, f := range cabpkCRDs {
+		crd, err := readCRD(filepath.Join(capi, "bootstrap", "kubeadm", "config", "crd", "bases", f))
+		if err != nil {
+			return nil, err
+		}
+		crd = onlyVersion(crd, "v1beta2")
+		if crd.Labels == nil {
+			crd.Labels = map[string]string{}
+		}
+		crd.Labels["cluster.x-k8s.io/v1beta2"] = "v1beta2"
+		out = append(out, crd)
 	}
 	for _, f := range capaCRDs {
 		crd, err := readCRD(filepath.Join(capa, "config", "crd", "bases", f))

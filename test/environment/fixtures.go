@@ -18,6 +18,9 @@ type MachineDeploymentOptions struct {
 	InfraTemplate string
 	// BootstrapSecret names the bootstrap data Secret; "<cluster>-bootstrap" when empty.
 	BootstrapSecret string
+	// BootstrapTemplate names a KubeadmConfigTemplate to bootstrap from
+	// (spec.template.spec.bootstrap.configRef) instead of a Secret.
+	BootstrapTemplate string
 	Replicas        int32
 	Annotations     map[string]string
 	TemplateLabels  map[string]string
@@ -53,6 +56,12 @@ func NewMachineDeployment(o MachineDeploymentOptions) *clusterv1.MachineDeployme
 	if secret == "" {
 		secret = o.ClusterName + "-bootstrap"
 	}
+	bootstrap := clusterv1.Bootstrap{DataSecretName: &secret}
+	if o.BootstrapTemplate != "" {
+		bootstrap = clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
+			APIGroup: "bootstrap.cluster.x-k8s.io", Kind: "KubeadmConfigTemplate", Name: o.BootstrapTemplate,
+		}}
+	}
 	replicas := o.Replicas
 	annotations := map[string]string{}
 	for k, v := range o.Annotations {
@@ -68,7 +77,7 @@ func NewMachineDeployment(o MachineDeploymentOptions) *clusterv1.MachineDeployme
 				ObjectMeta: clusterv1.ObjectMeta{Labels: templateLabels},
 				Spec: clusterv1.MachineSpec{
 					ClusterName:   o.ClusterName,
-					Bootstrap:     clusterv1.Bootstrap{DataSecretName: &secret},
+					Bootstrap:     bootstrap,
 					FailureDomain: o.FailureDomain,
 					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
 						APIGroup: "infrastructure.cluster.x-k8s.io",

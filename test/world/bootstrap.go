@@ -22,8 +22,9 @@ type BootstrapData struct {
 	// Labels the kubelet registers the Node with (--node-labels).
 	Labels map[string]string `json:"labels,omitempty"`
 	// KubeletArgs are extra kubelet flags without the leading "--". The
-	// simulated kubelet honours max-pods, kube-reserved and system-reserved
-	// (see Allocatable); the rest are kept for tests to inspect.
+	// simulated kubelet honours max-pods, kube-reserved, system-reserved and
+	// eviction-hard (see NodeAllocatable); the rest are kept for tests to
+	// inspect.
 	KubeletArgs map[string]string `json:"kubeletArgs,omitempty"`
 }
 

@@ -2,7 +2,9 @@ package world
 
 import (
 	"fmt"
+	"math"
 	"sort"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -107,10 +109,12 @@ func AWSMachineTemplate(namespace, name, instanceType string, spot bool) *infrav
 	return t
 }
 
-// Default kubelet reservations of the simulated kubelet (see KubeletOverhead).
+// Defaults of the simulated kubelet: the real kubelet's own. Nothing is
+// reserved, the hard eviction thresholds are memory.available<100Mi and
+// nodefs.available<10% (imagefs and inode signals do not reduce
+// allocatable), and a Node runs at most 110 pods.
 const (
-	DefaultKubeReserved = "cpu=100m,memory=156Mi"
-	DefaultEvictionHard = "memory.available<100Mi"
+	DefaultEvictionHard = "memory.available<100Mi,nodefs.available<10%"
 	// DefaultMaxPods is the pods capacity when kubelet args don't set max-pods.
 	DefaultMaxPods = 110
 	// EphemeralStorage is every simulated instance's root volume.
@@ -123,8 +127,8 @@ const (
 func NodeCapacity(t InstanceType, kubeletArgs map[string]string) corev1.ResourceList {
 	pods := int64(DefaultMaxPods)
 	if v, ok := kubeletArgs["max-pods"]; ok {
-		if q, err := resource.ParseQuantity(v); err == nil {
-			pods = q.Value()
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n >= 0 {
+			pods = n
 		}
 	}
 	rl := corev1.ResourceList{
@@ -139,31 +143,31 @@ func NodeCapacity(t InstanceType, kubeletArgs map[string]string) corev1.Resource
 	return rl
 }
 
-// KubeletOverhead is what the simulated kubelet holds back from capacity:
-// kube-reserved + system-reserved + the eviction-hard memory.available
-// threshold, read from kubelet args (format "cpu=100m,memory=156Mi" and
-// "memory.available<100Mi"). Defaults: kube-reserved=cpu=100m,memory=156Mi,
-// no system-reserved, eviction-hard=memory.available<100Mi, so by default
-// allocatable = capacity - (100m CPU, 256Mi memory). Unparsable values are ignored.
-func KubeletOverhead(kubeletArgs map[string]string) corev1.ResourceList {
+// KubeletOverhead is what the simulated kubelet holds back from a node of
+// this capacity, as the real kubelet computes it: kube-reserved +
+// system-reserved ("cpu=100m,memory=1Gi,ephemeral-storage=1Gi") + the hard
+// eviction thresholds of memory.available (from memory) and nodefs.available
+// (from ephemeral-storage), each a quantity or a percentage of capacity. A
+// given eviction-hard replaces the defaults entirely, as the kubelet's flag
+// does. Unparsable values are ignored.
+func KubeletOverhead(capacity corev1.ResourceList, kubeletArgs map[string]string) corev1.ResourceList {
 	out := corev1.ResourceList{}
 	add := func(name corev1.ResourceName, q resource.Quantity) {
 		cur := out[name]
 		cur.Add(q)
 		out[name] = cur
 	}
-	kubeReserved, ok := kubeletArgs["kube-reserved"]
-	if !ok {
-		kubeReserved = DefaultKubeReserved
-	}
-	for _, spec := range []string{kubeReserved, kubeletArgs["system-reserved"]} {
+	for _, spec := range []string{kubeletArgs["kube-reserved"], kubeletArgs["system-reserved"]} {
 		for _, kv := range strings.Split(spec, ",") {
 			k, v, found := strings.Cut(strings.TrimSpace(kv), "=")
 			if !found {
 				continue
 			}
-			if q, err := resource.ParseQuantity(v); err == nil {
-				add(corev1.ResourceName(k), q)
+			switch name := corev1.ResourceName(strings.TrimSpace(k)); name {
+			case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage:
+				if q, err := resource.ParseQuantity(strings.TrimSpace(v)); err == nil && q.Sign() >= 0 {
+					add(name, q)
+				}
 			}
 		}
 	}
@@ -173,11 +177,28 @@ func KubeletOverhead(kubeletArgs map[string]string) corev1.ResourceList {
 	}
 	for _, kv := range strings.Split(eviction, ",") {
 		k, v, found := strings.Cut(strings.TrimSpace(kv), "<")
-		if !found || k != "memory.available" {
+		if !found {
 			continue
 		}
-		if q, err := resource.ParseQuantity(v); err == nil {
-			add(corev1.ResourceMemory, q)
+		var name corev1.ResourceName
+		switch strings.TrimSpace(k) {
+		case "memory.available":
+			name = corev1.ResourceMemory
+		case "nodefs.available":
+			name = corev1.ResourceEphemeralStorage
+		default:
+			continue
+		}
+		v = strings.TrimSpace(v)
+		if pct, isPct := strings.CutSuffix(v, "%"); isPct {
+			f, err := strconv.ParseFloat(pct, 64)
+			if err != nil || f < 0 || f > 100 {
+				continue
+			}
+			c := capacity[name]
+			add(name, *resource.NewQuantity(int64(math.Ceil(float64(c.Value())*f/100)), resource.BinarySI))
+		} else if q, err := resource.ParseQuantity(v); err == nil && q.Sign() >= 0 {
+			add(name, q)
 		}
 	}
 	return out
@@ -186,7 +207,7 @@ func KubeletOverhead(kubeletArgs map[string]string) corev1.ResourceList {
 // NodeAllocatable is NodeCapacity minus KubeletOverhead (never below zero).
 func NodeAllocatable(t InstanceType, kubeletArgs map[string]string) corev1.ResourceList {
 	capacity := NodeCapacity(t, kubeletArgs)
-	for name, q := range KubeletOverhead(kubeletArgs) {
+	for name, q := range KubeletOverhead(capacity, kubeletArgs) {
 		c, ok := capacity[name]
 		if !ok {
 			continue

@@ -11,7 +11,9 @@
 //   - SimAWS, a simulated EC2 behind CAPA's AWSCluster, AWSMachine and
 //     AWSMachineTemplate objects (CAPA v1beta2 types, v1beta1 infra contract);
 //   - a simulated kubelet and AWS cloud-controller-manager that register
-//     Nodes for running instances and run the Pods bound to them.
+//     Nodes for running instances and run the Pods bound to them;
+//   - a simulated kubeadm bootstrap provider serving CABPK's real
+//     KubeadmConfig and KubeadmConfigTemplate CRDs (bootstrapper.go).
 //
 // The hub holds, in Namespace: the Cluster ClusterName, its AWSCluster, a
 // WorldControlPlane (a managed, EKS-like control plane that reports itself
@@ -21,9 +23,11 @@
 // What tests must set themselves: Cluster API's webhooks run, so
 // MachineDeployments, MachineSets and Machines get their defaults (rollout
 // strategy, selector labels, replicas from the autoscaler min-size annotation
-// or 1, ...) and are validated as in production. No bootstrap provider runs:
-// set spec.template.spec.bootstrap.dataSecretName (environment.NewMachineDeployment
-// uses "<cluster>-bootstrap"). Infrastructure templates need an AMI
+// or 1, ...) and are validated as in production. Bootstrap: either
+// spec.template.spec.bootstrap.dataSecretName (environment.NewMachineDeployment
+// uses "<cluster>-bootstrap") or a configRef to a KubeadmConfigTemplate (or,
+// on a Machine, a KubeadmConfig) that the simulated bootstrap provider renders
+// (see bootstrapper.go, CreateKubeadmConfigTemplate). Infrastructure templates need an AMI
 // (AWSMachineTemplate sets one) or the Machine needs spec.version, as with
 // CAPA. Pods must tolerate the bootstrap taints (karpenter.sh/unregistered by
 // default) unless something removes them.
@@ -204,7 +208,11 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	if err != nil {
 		return w, err
 	}
-	for _, m := range []ctrl.Manager{w.hub.mgr, awsMgr, spokeMgr} {
+	bootMgr, err := newBootstrapManager(w.Hub.Config, log.WithName("bootstrap"))
+	if err != nil {
+		return w, err
+	}
+	for _, m := range []ctrl.Manager{w.hub.mgr, awsMgr, spokeMgr, bootMgr} {
 		done := make(chan error, 1)
 		w.managersDone = append(w.managersDone, done)
 		go func(m ctrl.Manager) { done <- m.Start(mctx) }(m)

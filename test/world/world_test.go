@@ -73,6 +73,7 @@ func TestWorld(t *testing.T) {
 	t.Run("MachineDeploymentScaleUpRunPodsScaleDown", func(t *testing.T) { testLifecycle(ctx, t, w) })
 	t.Run("InsufficientCapacity", func(t *testing.T) { testInsufficientCapacity(ctx, t, w) })
 	t.Run("InstanceTerminatedBehindCAPIsBack", func(t *testing.T) { testTerminateInstance(ctx, t, w) })
+	t.Run("KubeadmBootstrapProvider", func(t *testing.T) { testKubeadmBootstrap(ctx, t, w) })
 }
 
 func testTerminateInstance(ctx context.Context, t *testing.T, w *world.World) {
@@ -202,8 +203,14 @@ func testLifecycle(ctx context.Context, t *testing.T, w *world.World) {
 		if !hasTaint(&n, world.UnregisteredTaint.Key) {
 			t.Errorf("Node %s lacks the bootstrap taint %s: %v", n.Name, world.UnregisteredTaint.Key, n.Spec.Taints)
 		}
-		if cpu := n.Status.Allocatable[corev1.ResourceCPU]; cpu.Cmp(resource.MustParse("1900m")) != 0 {
-			t.Errorf("Node %s allocatable cpu %s, want 1900m", n.Name, cpu.String())
+		// The kubelet's defaults: nothing reserved, eviction at
+		// memory.available<100Mi and nodefs.available<10%, 110 pods.
+		for res, want := range map[corev1.ResourceName]string{
+			corev1.ResourceCPU: "2", corev1.ResourceMemory: "8092Mi", corev1.ResourcePods: "110", corev1.ResourceEphemeralStorage: "18Gi",
+		} {
+			if got := n.Status.Allocatable[res]; got.Cmp(resource.MustParse(want)) != 0 {
+				t.Errorf("Node %s allocatable %s %s, want %s", n.Name, res, got.String(), want)
+			}
 		}
 	}
 	if got := len(w.AWS.Instances()); got != 3 {
