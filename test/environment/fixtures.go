@@ -21,10 +21,10 @@ type MachineDeploymentOptions struct {
 	// BootstrapTemplate names a KubeadmConfigTemplate to bootstrap from
 	// (spec.template.spec.bootstrap.configRef) instead of a Secret.
 	BootstrapTemplate string
-	Replicas        int32
-	Annotations     map[string]string
-	TemplateLabels  map[string]string
-	FailureDomain   string
+	Replicas          int32
+	Annotations       map[string]string
+	TemplateLabels    map[string]string
+	FailureDomain     string
 }
 
 // NewMachineDeployment returns a MachineDeployment with the defaults Cluster
