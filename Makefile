@@ -45,15 +45,23 @@ generate: ## Generate deepcopy, CRDs and RBAC
 	$(TOOLS) controller-gen crd paths=./pkg/apis/... output:crd:artifacts:config=config/crd/bases
 	@# go:embed cannot reach config/: --install-workload-crds embeds a copy.
 	rm -f pkg/operator/crds/bases/*.yaml && cp config/crd/bases/*.yaml pkg/operator/crds/bases/
+	@# Karpenter core's CRDs ship with the provider: copies from the sigs.k8s.io/karpenter module in go.mod.
+	karpenter=$$(go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter) && for crd in nodepools nodeclaims nodeoverlays; do \
+		install -m 0644 "$$karpenter/pkg/apis/crds/karpenter.sh_$$crd.yaml" config/crd/karpenter/; done
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-hub paths=./pkg/hub/... output:rbac:artifacts:config=config/rbac/hub
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-workload paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac/workload
+	@# The Helm chart carries the same CRDs and RBAC rules.
+	rm -f charts/karpenter-clusterapi/crds/*.yaml && cp config/crd/bases/*.yaml config/crd/karpenter/*.yaml charts/karpenter-clusterapi/crds/
+	cp config/rbac/hub/role.yaml charts/karpenter-clusterapi/rbac/hub-role.yaml
+	cp config/rbac/workload/role.yaml charts/karpenter-clusterapi/rbac/workload-role.yaml
+	cp config/rbac/workload/core_role.yaml charts/karpenter-clusterapi/rbac/core-role.yaml
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale
 	go mod tidy
-	@git diff --exit-code -- go.mod go.sum pkg/apis pkg/operator/crds/bases config || \
+	@git diff --exit-code -- go.mod go.sum pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac || \
 		{ echo "generated files are stale: run 'make generate' (and 'go mod tidy') and commit the result"; exit 1; }
-	@untracked=$$(git ls-files --others --exclude-standard -- pkg/apis pkg/operator/crds/bases config); \
+	@untracked=$$(git ls-files --others --exclude-standard -- pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac); \
 		if [ -n "$$untracked" ]; then echo "generated files not committed: $$untracked"; exit 1; fi
 
 .PHONY: lint
