@@ -27,11 +27,12 @@ const (
 )
 
 // Kubelet defaults (the kubelet's own, not a cloud's): 110 pods, nothing
-// reserved, hard eviction at memory.available<100Mi.
+// reserved, hard eviction at memory.available<100Mi and nodefs.available<10%.
 const DefaultMaxPods = 110
 
-// DefaultEvictionHard is the kubelet's default memory eviction threshold.
-var DefaultEvictionHard = resource.MustParse("100Mi")
+// DefaultEvictionHard are the kubelet's default hard eviction thresholds
+// that reduce allocatable (its imagefs and inode thresholds do not).
+var DefaultEvictionHard = map[string]string{"memory.available": "100Mi", "nodefs.available": "10%"}
 
 // Config is the part of a kubelet configuration that decides allocatable.
 // Nil and empty fields are unset, so that configurations can be layered.
@@ -116,18 +117,27 @@ func ParseReserved(key, value string) (corev1.ResourceList, *annotation.FieldErr
 		if !ok || name == "" {
 			return nil, annotation.Errorf(key, value, "is not a list of resource=quantity: item %s", annotation.Quote(item))
 		}
-		switch corev1.ResourceName(name) {
-		case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage, "pid":
-		default:
-			return nil, annotation.Errorf(key, value, "reserves %s: only cpu, memory, ephemeral-storage and pid can be reserved", annotation.Quote(name))
-		}
-		quantity, err := parseQuantity(q)
+		quantity, err := parseReservation(name, q)
 		if err != nil {
-			return nil, annotation.Errorf(key, value, "has a bad quantity for %s: %v", name, err)
+			return nil, annotation.Errorf(key, value, "%v", err)
 		}
 		out[corev1.ResourceName(name)] = quantity
 	}
 	return out, nil
+}
+
+// parseReservation checks one resource=quantity of a reservation.
+func parseReservation(name, q string) (resource.Quantity, error) {
+	switch corev1.ResourceName(name) {
+	case corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage, "pid":
+	default:
+		return resource.Quantity{}, fmt.Errorf("reserves %s: only cpu, memory, ephemeral-storage and pid can be reserved", annotation.Quote(name))
+	}
+	quantity, err := parseQuantity(q)
+	if err != nil {
+		return resource.Quantity{}, fmt.Errorf("has a bad quantity for %s: %v", name, err)
+	}
+	return quantity, nil
 }
 
 // ParseEviction parses "memory.available<100Mi,nodefs.available<10%".
@@ -143,17 +153,42 @@ func ParseEviction(key, value string) (map[string]string, *annotation.FieldError
 		if !ok || signal == "" || threshold == "" {
 			return nil, annotation.Errorf(key, value, "is not a list of signal<threshold: item %s", annotation.Quote(item))
 		}
-		if pct, isPct := strings.CutSuffix(threshold, "%"); isPct {
-			f, err := strconv.ParseFloat(pct, 64)
-			if err != nil || math.IsNaN(f) || f < 0 || f > 100 {
-				return nil, annotation.Errorf(key, value, "has a bad percentage for %s", signal)
-			}
-		} else if _, err := parseQuantity(threshold); err != nil {
-			return nil, annotation.Errorf(key, value, "has a bad threshold for %s: %v", signal, err)
+		if !knownSignal(signal) {
+			return nil, annotation.Errorf(key, value, "has signal %s: the kubelet knows %s", annotation.Quote(signal), strings.Join(EvictionSignals, ", "))
+		}
+		if err := checkThreshold(signal, threshold); err != nil {
+			return nil, annotation.Errorf(key, value, "%v", err)
 		}
 		out[signal] = threshold
 	}
 	return out, nil
+}
+
+// EvictionSignals are the hard eviction signals the kubelet accepts.
+var EvictionSignals = []string{"memory.available", "nodefs.available", "nodefs.inodesFree", "imagefs.available", "imagefs.inodesFree", "pid.available"}
+
+func knownSignal(s string) bool {
+	for _, k := range EvictionSignals {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+// checkThreshold checks one eviction threshold: a quantity or a percentage.
+func checkThreshold(signal, threshold string) error {
+	if pct, isPct := strings.CutSuffix(threshold, "%"); isPct {
+		f, err := strconv.ParseFloat(pct, 64)
+		if err != nil || math.IsNaN(f) || f < 0 || f > 100 {
+			return fmt.Errorf("has a bad percentage for %s", signal)
+		}
+		return nil
+	}
+	if _, err := parseQuantity(threshold); err != nil {
+		return fmt.Errorf("has a bad threshold for %s: %v", signal, err)
+	}
+	return nil
 }
 
 func parseQuantity(s string) (resource.Quantity, error) {
@@ -181,7 +216,7 @@ func (c Config) Overhead(capacity corev1.ResourceList) *cloudprovider.InstanceTy
 	eviction := corev1.ResourceList{}
 	thresholds := c.EvictionHard
 	if thresholds == nil {
-		thresholds = map[string]string{"memory.available": DefaultEvictionHard.String()}
+		thresholds = DefaultEvictionHard
 	}
 	signals := make([]string, 0, len(thresholds))
 	for s := range thresholds {

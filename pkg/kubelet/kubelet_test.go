@@ -48,9 +48,9 @@ func TestDefaultsAreTheKubeletsOwn(t *testing.T) {
 	if cfg.Pods() != 110 {
 		t.Fatal("default max pods")
 	}
-	total := cfg.Overhead(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi")}).Total()
-	if !total.Cpu().IsZero() || total.Memory().Cmp(resource.MustParse("100Mi")) != 0 {
-		t.Fatalf("want nothing reserved and 100Mi eviction, got %v", total)
+	total := cfg.Overhead(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("20Gi")}).Total()
+	if !total.Cpu().IsZero() || total.Memory().Cmp(resource.MustParse("100Mi")) != 0 || total.StorageEphemeral().Value() != 2*1024*1024*1024 {
+		t.Fatalf("want nothing reserved, 100Mi memory and 10%% nodefs eviction, got %v", total)
 	}
 }
 

@@ -18,6 +18,12 @@ type ClusterAPINodeClassSpec struct {
 	// Karpenter-eligible infrastructure templates (Machine mode).
 	// +optional
 	MachineTemplate *MachineTemplate `json:"machineTemplate,omitempty"`
+
+	// Kubelet is how the nodes' kubelet reserves resources and limits pods,
+	// when the bootstrap template does not say (or says wrong): Karpenter
+	// plans each node's allocatable with it. See KubeletConfiguration.
+	// +optional
+	Kubelet *KubeletConfiguration `json:"kubelet,omitempty"`
 }
 
 // MachineTemplate is the recipe for a standalone Machine in Machine mode.
