@@ -25,6 +25,8 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
+	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
@@ -36,7 +38,9 @@ type CloudProvider struct {
 	kubeClient client.Client // the workload cluster
 	store      *instancetype.Store
 	managed    *hub.ManagedMachines
+	machines   *hub.Lookup
 	md         *machinedeployment.Provider
+	mm         *machine.Provider
 	// priced returns the instance types with the prices Karpenter uses
 	// (NodeOverlays applied); Create picks the cheapest by those.
 	priced cloudprovider.CloudProvider
@@ -49,9 +53,11 @@ func (c *CloudProvider) UsePricesFrom(p cloudprovider.CloudProvider) { c.priced 
 
 var _ cloudprovider.CloudProvider = (*CloudProvider)(nil)
 
-// New returns the cloud provider.
-func New(kubeClient client.Client, store *instancetype.Store, managed *hub.ManagedMachines, md *machinedeployment.Provider) *CloudProvider {
-	return &CloudProvider{kubeClient: kubeClient, store: store, managed: managed, md: md}
+// New returns the cloud provider: md serves MachineDeployment mode and mm
+// Machine mode.
+func New(kubeClient client.Client, store *instancetype.Store, managed *hub.ManagedMachines, machines *hub.Lookup,
+	md *machinedeployment.Provider, mm *machine.Provider) *CloudProvider {
+	return &CloudProvider{kubeClient: kubeClient, store: store, managed: managed, machines: machines, md: md, mm: mm}
 }
 
 // Create launches a Machine for the NodeClaim and returns the NodeClaim
@@ -67,9 +73,8 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if ready := nodeClass.StatusConditions().Get(status.ConditionReady); ready.IsFalse() {
 		return nil, cloudprovider.NewNodeClassNotReadyError(fmt.Errorf("ClusterAPINodeClass %s: %s", nodeClass.Name, ready.Message))
 	}
-	if nodeClass.Spec.ScalableResourceSelector == nil {
-		return nil, cloudprovider.NewCreateError(fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate (Machine mode) is not supported by this version", nodeClass.Name),
-			"UnsupportedMode", "Machine mode is not supported by this version")
+	if nodeClass.Spec.MachineTemplate != nil {
+		return c.createMachine(ctx, nodeClass, nodeClaim)
 	}
 	set, err := c.resolve(ctx, nodeClass)
 	if err != nil {
@@ -111,6 +116,11 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	created := c.toNodeClaim(m)
 	if chosen != nil && created.Labels[corev1.LabelInstanceTypeStable] == "" {
 		fillFromSource(created, *chosen, m)
+	}
+	// The set carries the NodeClass's spec.kubelet, the store does not:
+	// promise the capacity and allocatable Karpenter planned with.
+	if src, ok := set.Source(types.NamespacedName{Namespace: m.Namespace, Name: m.Labels[clusterv1.MachineDeploymentNameLabel]}); ok {
+		fillFromSource(created, src, m)
 	}
 	// Core keeps what Create returns: give it its own copy of what the
 	// store shares.
@@ -181,7 +191,7 @@ func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClai
 				break
 			}
 			if !found {
-				why = append(why, fmt.Sprintf("%s in %q (%s): no MachineDeployment can grow", it.Name, of.Zone(), of.CapacityType()))
+				why = append(why, fmt.Sprintf("%s in %q (%s): unavailable", it.Name, of.Zone(), of.CapacityType()))
 			}
 		}
 	}
@@ -208,16 +218,24 @@ func offeringRequirements(reqs scheduling.Requirements) string {
 // Delete removes the NodeClaim's Machine. It returns NodeClaimNotFoundError
 // once the Machine is gone.
 func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim) error {
-	var machine *types.NamespacedName
-	if ref := nodeClaim.Annotations[v1alpha1.MachineAnnotation]; ref != "" {
-		ns, name, ok := strings.Cut(ref, "/")
+	var ref *types.NamespacedName
+	if v := nodeClaim.Annotations[v1alpha1.MachineAnnotation]; v != "" {
+		ns, name, ok := strings.Cut(v, "/")
 		if !ok || ns == "" || name == "" {
-			return fmt.Errorf("NodeClaim %s: annotation %s %q is not <namespace>/<name>", nodeClaim.Name, v1alpha1.MachineAnnotation, ref)
+			return fmt.Errorf("NodeClaim %s: annotation %s %q is not <namespace>/<name>", nodeClaim.Name, v1alpha1.MachineAnnotation, v)
 		}
-		machine = &types.NamespacedName{Namespace: ns, Name: name}
+		ref = &types.NamespacedName{Namespace: ns, Name: name}
 	}
-	err := c.md.Release(ctx, nodeClaim.Name, machine, nodeClaim.Status.ProviderID)
-	if errors.Is(err, machinedeployment.ErrMachineGone) {
+	m, err := c.machines.Find(ctx, nodeClaim.Name, ref, nodeClaim.Status.ProviderID)
+	if err != nil {
+		return err
+	}
+	if m != nil && m.Labels[clusterv1.MachineDeploymentNameLabel] == "" && m.Annotations[v1alpha1.OfferingAnnotation] != "" {
+		err = c.mm.Delete(ctx, nodeClaim.Name, m)
+	} else {
+		err = c.md.Release(ctx, nodeClaim.Name, m)
+	}
+	if errors.Is(err, machinedeployment.ErrMachineGone) || errors.Is(err, machine.ErrMachineGone) {
 		return cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("NodeClaim %s: Machine is gone", nodeClaim.Name))
 	}
 	return err
@@ -225,7 +243,7 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 
 // Get returns the NodeClaim of the Machine with this providerID.
 func (c *CloudProvider) Get(ctx context.Context, providerID string) (*karpv1.NodeClaim, error) {
-	m, err := c.md.MachineByProviderID(ctx, providerID)
+	m, err := c.machines.ByProviderID(providerID)
 	if err != nil {
 		return nil, err
 	}
@@ -256,6 +274,13 @@ func (c *CloudProvider) GetInstanceTypes(ctx context.Context, nodePool *karpv1.N
 		}
 		return nil, fmt.Errorf("resolving NodeClass of NodePool %s: %w", nodePool.Name, err)
 	}
+	if nodeClass.Spec.MachineTemplate != nil {
+		resolved, err := c.mm.Catalogue().Resolve(ctx, nodeClass)
+		if err != nil {
+			return nil, err
+		}
+		return resolved.Set.InstanceTypes, nil
+	}
 	if nodeClass.Spec.ScalableResourceSelector == nil {
 		return nil, nil
 	}
@@ -274,7 +299,9 @@ func (c *CloudProvider) resolve(ctx context.Context, nodeClass *v1alpha1.Cluster
 	if err != nil {
 		return nil, fmt.Errorf("ClusterAPINodeClass %s: spec.scalableResourceSelector: %w", nodeClass.Name, err)
 	}
-	return c.store.Resolve(sel, sel.String()), nil
+	// Bad spec.kubelet values fall back; the NodeClass status reports them.
+	kubeletConfig, _ := kubelet.FromNodeClass(nodeClass.Spec.Kubelet)
+	return c.store.ResolveKubelet(sel, kubeletConfig, sel.String()), nil
 }
 
 func (c *CloudProvider) nodeClass(ctx context.Context, ref *karpv1.NodeClassReference) (*v1alpha1.ClusterAPINodeClass, error) {
@@ -288,8 +315,23 @@ func (c *CloudProvider) nodeClass(ctx context.Context, ref *karpv1.NodeClassRefe
 	return nc, nil
 }
 
-// IsDrifted reports no drift yet.
+// IsDrifted reports why the NodeClaim's Machine no longer matches what its
+// NodeClass would launch now, or "" when it does.
 func (c *CloudProvider) IsDrifted(ctx context.Context, nodeClaim *karpv1.NodeClaim) (cloudprovider.DriftReason, error) {
+	if nodeClaim.Status.ProviderID == "" {
+		return "", nil
+	}
+	m, err := c.machines.ByProviderID(nodeClaim.Status.ProviderID)
+	if err != nil || m == nil {
+		return "", err
+	}
+	nodeClass, err := c.nodeClass(ctx, nodeClaim.Spec.NodeClassRef)
+	if err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	if nodeClass.Spec.MachineTemplate != nil {
+		return c.mm.Drifted(ctx, nodeClass, m)
+	}
 	return "", nil
 }
 
@@ -340,6 +382,19 @@ func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine) *karpv1.NodeClaim {
 	if md := m.Labels[clusterv1.MachineDeploymentNameLabel]; md != "" {
 		if src, ok := c.store.Get(types.NamespacedName{Namespace: m.Namespace, Name: md}); ok && src.Err == nil {
 			fillFromSource(nc, src, m)
+		}
+	} else if o, err := machine.ParseOffering(m.Annotations[v1alpha1.OfferingAnnotation]); err == nil {
+		if src, ok := c.mm.Catalogue().Source(o); ok {
+			fillFromSource(nc, src, m)
+		} else {
+			// Not resolved since the start: what the Machine itself says.
+			nc.Labels = map[string]string{
+				corev1.LabelInstanceTypeStable: m.Annotations[v1alpha1.InstanceTypeAnnotation],
+				karpv1.CapacityTypeLabelKey:    o.CapacityType,
+			}
+			if o.Zone != "" {
+				nc.Labels[corev1.LabelTopologyZone] = o.Zone
+			}
 		}
 	}
 	return nc

@@ -8,15 +8,18 @@ import (
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/pkg/nodeclass"
 )
 
 // NewControllers returns the provider's controllers. kubeClient and
 // kubeAPIReader are the workload cluster's cached client and live reader.
-func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hub.Hub, store *instancetype.Store, md *machinedeployment.Provider) []controller.Controller {
+func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hub.Hub, store *instancetype.Store,
+	md *machinedeployment.Provider, mm *machine.Provider) []controller.Controller {
 	return []controller.Controller{
-		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store), store.Changes()),
+		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store, mm.Catalogue()), store.Changes()),
 		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
+		machine.NewGarbageCollector(mm, kubeClient, kubeAPIReader),
 	}
 }

@@ -1,19 +1,20 @@
-package machinedeployment
+package hub
 
 import "sync"
 
-// waiters lets Create wait for a Machine event instead of polling: the
+// Waiters lets Create wait for a Machine event instead of polling: the
 // Machine informer notifies by NodeClaim name.
-type waiters struct {
+type Waiters struct {
 	mu sync.Mutex
 	m  map[string][]chan struct{}
 }
 
-func newWaiters() *waiters { return &waiters{m: map[string][]chan struct{}{}} }
+// NewWaiters returns an empty set of waiters.
+func NewWaiters() *Waiters { return &Waiters{m: map[string][]chan struct{}{}} }
 
-// register returns a channel closed at the next notify for name. Register
+// Register returns a channel closed at the next notify for name. Register
 // before checking state, so that no event between the check and the wait is lost.
-func (w *waiters) register(name string) <-chan struct{} {
+func (w *Waiters) Register(name string) <-chan struct{} {
 	ch := make(chan struct{})
 	w.mu.Lock()
 	w.m[name] = append(w.m[name], ch)
@@ -21,8 +22,8 @@ func (w *waiters) register(name string) <-chan struct{} {
 	return ch
 }
 
-// notify wakes every waiter for name.
-func (w *waiters) notify(name string) {
+// Notify wakes every waiter for name.
+func (w *Waiters) Notify(name string) {
 	w.mu.Lock()
 	chs := w.m[name]
 	delete(w.m, name)
@@ -32,8 +33,8 @@ func (w *waiters) notify(name string) {
 	}
 }
 
-// forget drops a registration that is no longer waited on.
-func (w *waiters) forget(name string, ch <-chan struct{}) {
+// Forget drops a registration that is no longer waited on.
+func (w *Waiters) Forget(name string, ch <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	list := w.m[name]

@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
 )
 
 // Store holds the Source of every origin in scope, kept current by a
@@ -64,6 +66,15 @@ func (s *Store) Prime(ctx context.Context) error {
 // Changes signals (coalesced) that sources changed.
 func (s *Store) Changes() <-chan struct{} { return s.changes }
 
+// Notify signals listeners on Changes without changing any source: Machine
+// mode's templates live elsewhere but wake the same listeners.
+func (s *Store) Notify() {
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
 func (s *Store) changed() {
 	s.generation++
 	select {
@@ -105,6 +116,17 @@ func (s *Store) Get(origin types.NamespacedName) (Source, bool) {
 // selector. memoKey must identify the selector (e.g. its String()).
 // The returned Set is shared: callers must not modify it.
 func (s *Store) Resolve(selector labels.Selector, memoKey string) *Set {
+	return s.ResolveKubelet(selector, kubelet.Config{}, memoKey)
+}
+
+// ResolveKubelet is Resolve with a NodeClass's kubelet settings (spec.kubelet)
+// layered over every source's own (Source.WithKubelet). The memo key is
+// memoKey plus the settings' Key, so NodeClasses that select the same
+// objects with different settings get their own Sets.
+func (s *Store) ResolveKubelet(selector labels.Selector, override kubelet.Config, memoKey string) *Set {
+	if k := override.Key(); k != "" {
+		memoKey += "|kubelet:" + k
+	}
 	s.mu.RLock()
 	if e, ok := s.memo[memoKey]; ok && e.generation == s.generation {
 		s.mu.RUnlock()
@@ -114,7 +136,7 @@ func (s *Store) Resolve(selector labels.Selector, memoKey string) *Set {
 	var matched []Source
 	for _, src := range s.sources {
 		if selector.Matches(labels.Set(src.ObjectLabels)) {
-			matched = append(matched, src)
+			matched = append(matched, src.WithKubelet(override))
 		}
 	}
 	s.mu.RUnlock()

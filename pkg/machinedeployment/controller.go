@@ -31,6 +31,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -60,6 +61,8 @@ type Controller struct {
 	spokeAPI client.Reader // live reads to confirm a NodeClaim is gone
 	// hubEvents and spokeEvents record events on Machines (hub) and NodeClaims (spoke).
 	hubEvents, spokeEvents record.EventRecorder
+	// bootstrapWatched is true when KubeadmConfigTemplate changes are watched.
+	bootstrapWatched bool
 }
 
 // NewController returns the controller. It also primes the provider's
@@ -87,7 +90,11 @@ func (c *Controller) prime(ctx context.Context) error {
 		if err != nil {
 			log.FromContext(ctx).Error(err, "reading infrastructure template", "MachineDeployment", client.ObjectKeyFromObject(md))
 		}
-		c.provider.store.Put(instancetype.FromMachineDeployment(md, template))
+		bootstrap, err := c.bootstrapTemplate(ctx, md)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "reading bootstrap template", "MachineDeployment", client.ObjectKeyFromObject(md))
+		}
+		c.provider.store.Put(instancetype.FromMachineDeploymentTemplates(md, template, bootstrap))
 	}
 	return nil
 }
@@ -95,12 +102,25 @@ func (c *Controller) prime(ctx context.Context) error {
 // Name of the controller.
 func (c *Controller) Name() string { return "machinedeployment" }
 
-// Register watches MachineDeployments, their Machines and AWSMachineTemplates in the hub.
+// Register watches MachineDeployments, their Machines, AWSMachineTemplates
+// and (when the hub serves them) KubeadmConfigTemplates in the hub.
 func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 	h := c.provider.hub
 	c.hubEvents = h.GetEventRecorderFor(eventSource)   //nolint:staticcheck // the recorder core uses too
 	c.spokeEvents = m.GetEventRecorderFor(eventSource) //nolint:staticcheck // the recorder core uses too
-	return controllerruntime.NewControllerManagedBy(m).
+	b := controllerruntime.NewControllerManagedBy(m)
+	if mapping, err := h.GetRESTMapper().RESTMapping(kubeadmConfigTemplate); err == nil {
+		// Read as unstructured, at the version the hub serves: the same
+		// informer serves bootstrapTemplate's reads.
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(mapping.GroupVersionKind)
+		b = b.WatchesRawSource(source.Kind(h.GetCache(), u,
+			handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, t *unstructured.Unstructured) []reconcile.Request {
+				return c.mdsUsingBootstrapTemplate(ctx, t.GetNamespace(), t.GetName())
+			})))
+		c.bootstrapWatched = true
+	}
+	return b.
 		Named(c.Name()).
 		WatchesRawSource(source.Kind(h.GetCache(), &clusterv1.MachineDeployment{}, &handler.TypedEnqueueRequestForObject[*clusterv1.MachineDeployment]{})).
 		WatchesRawSource(source.Kind(h.GetCache(), &clusterv1.Machine{}, c.machineHandler())).
@@ -117,7 +137,7 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 func (c *Controller) machineHandler() handler.TypedEventHandler[*clusterv1.Machine, reconcile.Request] {
 	enqueue := func(m *clusterv1.Machine, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
-			c.provider.waiters.notify(claim)
+			c.provider.waiters.Notify(claim)
 		}
 		if md := m.Labels[clusterv1.MachineDeploymentNameLabel]; md != "" {
 			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: m.Namespace, Name: md}})
@@ -134,6 +154,23 @@ func (c *Controller) machineHandler() handler.TypedEventHandler[*clusterv1.Machi
 			enqueue(e.Object, q)
 		},
 	}
+}
+
+// kubeadmConfigTemplate is the bootstrap template kind whose kubelet
+// arguments decide allocatable (see pkg/kubelet).
+var kubeadmConfigTemplate = schema.GroupKind{Group: kubelet.KubeadmGroup, Kind: kubelet.KubeadmConfigTemplateKind}
+
+func (c *Controller) mdsUsingBootstrapTemplate(ctx context.Context, namespace, name string) []reconcile.Request {
+	list := &clusterv1.MachineDeploymentList{}
+	if err := c.provider.hub.GetCache().List(ctx, list, client.InNamespace(namespace),
+		client.MatchingFields{hub.IndexMachineDeploymentBootstrapTemplate: hub.InfraTemplateKey(kubeadmConfigTemplate.Group, kubeadmConfigTemplate.Kind, name)}); err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return out
 }
 
 func (c *Controller) mdsUsingTemplate(ctx context.Context, group, kind, namespace, name string) []reconcile.Request {
@@ -169,7 +206,14 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		log.FromContext(ctx).Error(err, "reading infrastructure template", "MachineDeployment", req.NamespacedName)
 	}
-	c.provider.store.Put(instancetype.FromMachineDeployment(md, template))
+	bootstrap, err := c.bootstrapTemplate(ctx, md)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "reading bootstrap template", "MachineDeployment", req.NamespacedName)
+	}
+	if ref := md.Spec.Template.Spec.Bootstrap.ConfigRef; ref.Kind == kubeadmConfigTemplate.Kind && !c.bootstrapWatched {
+		typed = false // its changes are not watched: look again later
+	}
+	c.provider.store.Put(instancetype.FromMachineDeploymentTemplates(md, template, bootstrap))
 
 	requeue, err := c.reconcileBindings(ctx, md)
 	if err != nil {
@@ -211,6 +255,26 @@ func (c *Controller) infraTemplate(ctx context.Context, md *clusterv1.MachineDep
 		return nil, typed, fmt.Errorf("MachineDeployment %s/%s: infrastructure template %s %s: %w", md.Namespace, md.Name, ref.Kind, ref.Name, err)
 	}
 	return u, typed, nil
+}
+
+// bootstrapTemplate reads the MachineDeployment's bootstrap config template
+// when it is a KubeadmConfigTemplate (the kind whose kubelet arguments are
+// understood), at the version the hub serves, from the cache.
+func (c *Controller) bootstrapTemplate(ctx context.Context, md *clusterv1.MachineDeployment) (*unstructured.Unstructured, error) {
+	ref := md.Spec.Template.Spec.Bootstrap.ConfigRef
+	if (schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind}) != kubeadmConfigTemplate || ref.Name == "" {
+		return nil, nil
+	}
+	mapping, err := c.provider.hub.GetRESTMapper().RESTMapping(kubeadmConfigTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("MachineDeployment %s/%s: spec.template.spec.bootstrap.configRef kind %s: %w", md.Namespace, md.Name, kubeadmConfigTemplate, err)
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(mapping.GroupVersionKind)
+	if err := c.provider.hub.GetClient().Get(ctx, types.NamespacedName{Namespace: md.Namespace, Name: ref.Name}, u); err != nil {
+		return nil, fmt.Errorf("MachineDeployment %s/%s: bootstrap template %s %s: %w", md.Namespace, md.Name, ref.Kind, ref.Name, err)
+	}
+	return u, nil
 }
 
 // reconcileBindings binds new Machines to pending NodeClaims, drops pending
@@ -399,7 +463,7 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 	}
 	c.provider.recent.add(claim, m.Namespace+"/"+m.Name, c.provider.now())
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
-	c.provider.waiters.notify(claim)
+	c.provider.waiters.Notify(claim)
 	c.event(c.hubEvents, m, corev1.EventTypeNormal, "Bound", "bound to NodeClaim "+claim)
 	nc := &karpv1.NodeClaim{}
 	if err := c.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc); err == nil {

@@ -33,10 +33,10 @@ var ErrStillLaunching = errors.New("machine has no providerID yet")
 // Provider implements MachineDeployment mode.
 type Provider struct {
 	hub     *hub.Hub
-	managed *hub.ManagedMachines
+	machines *hub.Lookup
 	store   *instancetype.Store
 	scaler  *Scaler
-	waiters *waiters
+	waiters *hub.Waiters
 	// inflight maps a NodeClaim to the MachineDeployment this process raised
 	// a replica for, until the hub cache shows the pending entry.
 	inflight sync.Map
@@ -56,10 +56,10 @@ type Provider struct {
 func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store) *Provider {
 	return &Provider{
 		hub:        h,
-		managed:    managed,
+		machines:   hub.NewLookup(h, managed),
 		store:      store,
 		scaler:     newObservedScaler(h),
-		waiters:    newWaiters(),
+		waiters:    hub.NewWaiters(),
 		LaunchWait: DefaultLaunchWait,
 		Events:     h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
 		now:        time.Now,
@@ -132,19 +132,19 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 	defer timer.Stop()
 	var wokeAt time.Time // when the last Machine event woke us
 	for {
-		ch := p.waiters.register(claim)
+		ch := p.waiters.Register(claim)
 		m, err := p.BoundMachine(ctx, claim)
 		if err != nil {
-			p.waiters.forget(claim, ch)
+			p.waiters.Forget(claim, ch)
 			return nil, err
 		}
 		if m != nil {
 			if !m.DeletionTimestamp.IsZero() {
-				p.waiters.forget(claim, ch)
+				p.waiters.Forget(claim, ch)
 				return nil, fmt.Errorf("Machine %s/%s bound to NodeClaim %s is being deleted", m.Namespace, m.Name, claim)
 			}
 			if m.Spec.ProviderID != "" {
-				p.waiters.forget(claim, ch)
+				p.waiters.Forget(claim, ch)
 				p.inflight.Delete(claim)
 				if !wokeAt.IsZero() {
 					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
@@ -156,13 +156,13 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 		case <-ch:
 			wokeAt = p.now()
 		case <-timer.C:
-			p.waiters.forget(claim, ch)
+			p.waiters.Forget(claim, ch)
 			if m != nil {
 				return nil, fmt.Errorf("Machine %s/%s for NodeClaim %s: %w", m.Namespace, m.Name, claim, ErrStillLaunching)
 			}
 			return nil, fmt.Errorf("NodeClaim %s: no Machine bound yet: %w", claim, ErrStillLaunching)
 		case <-ctx.Done():
-			p.waiters.forget(claim, ch)
+			p.waiters.Forget(claim, ch)
 			return nil, ctx.Err()
 		}
 	}
@@ -170,34 +170,15 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 
 // BoundMachine returns the Machine bound to the NodeClaim, or nil.
 func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.Machine, error) {
-	list := &clusterv1.MachineList{}
-	if err := p.hub.GetCache().List(ctx, list, client.MatchingFields{hub.IndexMachineNodeClaim: claim}); err != nil {
-		return nil, fmt.Errorf("looking up the Machine of NodeClaim %s: %w", claim, err)
-	}
-	for i := range list.Items {
-		m := &list.Items[i]
-		if p.owned(m) {
-			return m, nil
-		}
-	}
-	return nil, nil
-}
-
-// owned reports whether a Machine is in scope and carries the member label.
-func (p *Provider) owned(m *clusterv1.Machine) bool {
-	_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
-	return member && p.hub.Scope.Contains(m, m.Spec.ClusterName)
+	return p.machines.Bound(ctx, claim)
 }
 
 // Release starts the removal of the Machine bound to a NodeClaim: it marks
 // the Machine for deletion and lowers its MachineDeployment's replicas
-// (batched). It returns ErrMachineGone once the Machine is gone. machine is
-// the Machine recorded on the NodeClaim, when known.
-func (p *Provider) Release(ctx context.Context, claim string, machine *types.NamespacedName, providerID string) error {
-	m, err := p.findMachine(ctx, claim, machine, providerID)
-	if err != nil {
-		return err
-	}
+// (batched). m is the claim's Machine (hub.Lookup.Find), or nil when none
+// exists; then a replica raised for the claim is given back and
+// ErrMachineGone returned.
+func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machine) error {
 	if m == nil {
 		// No Machine: give back a replica raised for the claim, if any.
 		if err := p.giveBack(ctx, claim); err != nil {
@@ -208,7 +189,7 @@ func (p *Provider) Release(ctx context.Context, claim string, machine *types.Nam
 	if !m.DeletionTimestamp.IsZero() {
 		return nil
 	}
-	if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim || !p.owned(m) {
+	if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim || !p.machines.Owned(m) {
 		return fmt.Errorf("Machine %s/%s is not bound to NodeClaim %s: not touching it", m.Namespace, m.Name, claim)
 	}
 	mdName := m.Labels[clusterv1.MachineDeploymentNameLabel]
@@ -267,48 +248,6 @@ func (p *Provider) giveBack(ctx context.Context, claim string) error {
 	}
 	p.inflight.Delete(claim)
 	return nil
-}
-
-// findMachine finds the claim's Machine in the cache. When the cache has
-// none but a Machine name is known, a live read decides: only NotFound from
-// the API server means gone; any other error is returned as an error.
-func (p *Provider) findMachine(ctx context.Context, claim string, machine *types.NamespacedName, providerID string) (*clusterv1.Machine, error) {
-	if machine != nil {
-		m := &clusterv1.Machine{}
-		err := p.hub.GetCache().Get(ctx, *machine, m)
-		if err == nil {
-			return m, nil
-		}
-		if !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("reading Machine %s: %w", machine, err)
-		}
-		err = p.hub.GetAPIReader().Get(ctx, *machine, m)
-		switch {
-		case err == nil:
-			return m, nil
-		case apierrors.IsNotFound(err):
-			return nil, nil
-		default:
-			return nil, fmt.Errorf("reading Machine %s: %w", machine, err)
-		}
-	}
-	if providerID != "" {
-		m, err := p.MachineByProviderID(ctx, providerID)
-		if err != nil || m != nil {
-			return m, err
-		}
-	}
-	return p.BoundMachine(ctx, claim)
-}
-
-// MachineByProviderID returns the Karpenter-managed Machine with this
-// providerID, or nil. The Machine is the informer's: do not modify it.
-func (p *Provider) MachineByProviderID(_ context.Context, providerID string) (*clusterv1.Machine, error) {
-	m, err := p.managed.Get(providerID)
-	if err != nil {
-		return nil, fmt.Errorf("looking up the Machine with providerID %s: %w", providerID, err)
-	}
-	return m, nil
 }
 
 func newObservedScaler(h *hub.Hub) *Scaler {

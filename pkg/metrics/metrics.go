@@ -46,8 +46,22 @@ var (
 		Name:      "offering_price",
 		Help:      "Hourly price in use per NodeClass offering; estimated=\"true\" when no price annotation gave it.",
 	}, []string{"nodeclass", "instance_type", "zone", "capacity_type", "estimated"})
+
+	// UnavailableOfferings is 1 for each offering left out of launches after
+	// it reported insufficient capacity, until its TTL passes.
+	UnavailableOfferings = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace,
+		Name:      "offering_unavailable",
+		Help:      "1 while an offering is left out of launches because it reported insufficient capacity (Machine mode).",
+	}, []string{"instance_type", "zone", "capacity_type"})
+	// MachineLaunchFailures counts standalone Machines removed because their launch failed.
+	MachineLaunchFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace,
+		Name:      "machine_launch_failures_total",
+		Help:      "Standalone Machines (Machine mode) removed because their launch failed, by reason (insufficient_capacity, timeout, failed).",
+	}, []string{"reason"})
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased, OfferingPrice)
+	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased, OfferingPrice, UnavailableOfferings, MachineLaunchFailures)
 }

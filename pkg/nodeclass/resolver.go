@@ -22,13 +22,16 @@ import (
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
+	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
 // Resolver resolves NodeClasses against the hub.
 type Resolver struct {
-	hub   *hub.Hub
-	store *instancetype.Store
+	hub       *hub.Hub
+	store     *instancetype.Store
+	catalogue *machine.Catalogue
 
 	mu         sync.Mutex
 	lastPrices map[string][]prometheus.Labels // per NodeClass, the price series it set
@@ -76,9 +79,10 @@ func containsLabels(list []prometheus.Labels, l prometheus.Labels) bool {
 	return false
 }
 
-// NewResolver returns a resolver reading from the hub and the instance-type store.
-func NewResolver(h *hub.Hub, store *instancetype.Store) *Resolver {
-	return &Resolver{hub: h, store: store}
+// NewResolver returns a resolver reading from the hub: MachineDeployments
+// through the instance-type store, templates through the catalogue.
+func NewResolver(h *hub.Hub, store *instancetype.Store, catalogue *machine.Catalogue) *Resolver {
+	return &Resolver{hub: h, store: store, catalogue: catalogue}
 }
 
 var _ nodeclassstatus.Resolver = (*Resolver)(nil)
@@ -102,9 +106,13 @@ func (r *Resolver) resolveMachineDeployments(ctx context.Context, nc *v1alpha1.C
 	if err != nil {
 		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.scalableResourceSelector is not a valid label selector: %w", err)
 	}
-	set := r.store.Resolve(sel, sel.String())
+	kubeletConfig, kubeletErrs := kubelet.FromNodeClass(nc.Spec.Kubelet)
+	set := r.store.ResolveKubelet(sel, kubeletConfig, sel.String())
 	r.recordPrices(nc.Name, set)
 	res := nodeclassstatus.Resolution{Problems: set.Problems, EstimatedPrices: set.Estimated}
+	for _, e := range kubeletErrs {
+		res.Problems = append(res.Problems, kubelet.Problem(e))
+	}
 	for _, it := range set.InstanceTypes {
 		res.InstanceTypes = append(res.InstanceTypes, it.Name)
 	}
@@ -113,34 +121,26 @@ func (r *Resolver) resolveMachineDeployments(ctx context.Context, nc *v1alpha1.C
 
 func (r *Resolver) resolveTemplates(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
 	mt := nc.Spec.MachineTemplate
-	gk := schema.GroupKind{Group: mt.InfrastructureTemplates.APIGroup, Kind: mt.InfrastructureTemplates.Kind}
-	mapping, err := r.hub.GetRESTMapper().RESTMapping(gk)
-	if err != nil {
-		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.machineTemplate.infrastructureTemplates: kind %s is not served by the management cluster: %w", gk, err)
+	if _, err := machine.ResolveKind(r.hub, mt.InfrastructureTemplates.APIGroup, mt.InfrastructureTemplates.Kind); err != nil {
+		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.machineTemplate.infrastructureTemplates: %w", err)
 	}
-	sel, err := metav1.LabelSelectorAsSelector(&mt.InfrastructureTemplates.Selector)
-	if err != nil {
+	if _, err := metav1.LabelSelectorAsSelector(&mt.InfrastructureTemplates.Selector); err != nil {
 		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.machineTemplate.infrastructureTemplates.selector is not a valid label selector: %w", err)
 	}
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(mapping.GroupVersionKind.GroupVersion().WithKind(gk.Kind + "List"))
-	opts := append(r.hub.Scope.NamespaceListOptions(), client.MatchingLabelsSelector{Selector: hub.HasLabel(sel, v1alpha1.KarpenterMemberLabel)})
-	if err := r.hub.GetAPIReader().List(ctx, list, opts...); err != nil {
-		return nodeclassstatus.Resolution{}, fmt.Errorf("listing %s: %w", gk, err)
-	}
-	var res nodeclassstatus.Resolution
 	if ref := mt.Bootstrap.ConfigRef; ref != nil {
 		if problem := r.checkExists(ctx, schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind}, ref.Name, "spec.machineTemplate.bootstrap.configRef"); problem != "" {
 			return nodeclassstatus.Resolution{Problems: []string{problem}}, nil
 		}
 	}
-	names := map[string]struct{}{}
-	for i := range list.Items {
-		t := &list.Items[i]
-		name, _, _ := unstructured.NestedString(t.Object, "spec", "template", "spec", "instanceType")
-		names[instanceTypeName(t.GetLabels(), firstNonEmpty(name, t.GetName()))] = struct{}{}
+	resolved, err := r.catalogue.Resolve(ctx, nc)
+	if err != nil {
+		return nodeclassstatus.Resolution{}, nodeclassstatus.Transient(err)
 	}
-	res.InstanceTypes = sortedKeys(names)
+	r.recordPrices(nc.Name, resolved.Set)
+	res := nodeclassstatus.Resolution{Problems: resolved.Set.Problems, EstimatedPrices: resolved.Set.Estimated}
+	for _, it := range resolved.Set.InstanceTypes {
+		res.InstanceTypes = append(res.InstanceTypes, it.Name)
+	}
 	return res, nil
 }
 

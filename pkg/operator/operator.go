@@ -28,6 +28,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
 )
@@ -116,7 +117,14 @@ func (o *Operator) Run(ctx context.Context) {
 	store := instancetype.NewStore()
 	managed := lo.Must(o.Hub.NewManagedMachines(ctx))
 	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store)
-	undecorated := cloudprovider.New(o.GetClient(), store, managed, mdProvider)
+	ttl := options.DefaultUnavailableTTL
+	if opts := options.FromContext(ctx); opts != nil && opts.UnavailableTTL > 0 {
+		ttl = opts.UnavailableTTL
+	}
+	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, machine.NewUnavailable(ttl, store.Notify), store.Notify))
+	machines := hub.NewLookup(o.Hub, managed)
+	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
+	undecorated := cloudprovider.New(o.GetClient(), store, managed, machines, mdProvider, mProvider)
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	undecorated.UsePricesFrom(cloudProvider)
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))
@@ -134,6 +142,6 @@ func (o *Operator) Run(ctx context.Context) {
 		o.InstanceTypeStore,
 		o.PredictionStore,
 	)...).
-		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider)...).
+		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider)...).
 		Start(ctx)
 }

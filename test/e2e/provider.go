@@ -44,6 +44,10 @@ type Provider struct {
 	done        chan struct{}
 }
 
+// suiteUnavailableTTL is how long the providers of the tests leave an
+// exhausted offering out (production default: 3 minutes).
+const suiteUnavailableTTL = 40 * time.Second
+
 // StartProvider starts the provider binary against the world, scoped to its
 // namespace and Cluster, with extra arguments.
 func StartProvider(bin string, w *world.World, logName string, extra ...string) (*Provider, error) {
@@ -78,6 +82,8 @@ func StartProvider(bin string, w *world.World, logName string, extra ...string) 
 		"BATCH_IDLE_DURATION=500ms",
 		"BATCH_MAX_DURATION=3s",
 		"FEATURE_GATES=NodeOverlay=true",
+		// Short enough for a test to see an exhausted offering come back.
+		"UNAVAILABLE_OFFERINGS_TTL="+suiteUnavailableTTL.String(),
 	)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
@@ -159,21 +165,43 @@ func WaitFor(ctx context.Context, timeout time.Duration, cond func(context.Conte
 	}
 }
 
-// Histogram reads a histogram from the provider's metrics endpoint: the
-// cumulative count per bucket upper bound, and the total count.
-func (p *Provider) Histogram(name string) (map[float64]float64, float64, error) {
+// metricsText fetches the provider's metrics endpoint.
+func (p *Provider) metricsText() (string, error) {
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", p.MetricsPort))
 	if err != nil {
-		return nil, 0, err
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
+
+// Metric reads one series, written as the endpoint prints it
+// (name{label="value",...} with labels sorted), and whether it is present.
+func (p *Provider) Metric(series string) (float64, bool, error) {
+	text, err := p.metricsText()
+	if err != nil {
+		return 0, false, err
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil, err
+		}
+	}
+	return 0, false, nil
+}
+
+// Histogram reads a histogram from the provider's metrics endpoint: the
+// cumulative count per bucket upper bound, and the total count.
+func (p *Provider) Histogram(name string) (map[float64]float64, float64, error) {
+	body, err := p.metricsText()
 	if err != nil {
 		return nil, 0, err
 	}
 	buckets := map[float64]float64{}
 	var count float64
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		switch {
 		case strings.HasPrefix(line, name+"_bucket{le=\""):
 			rest := strings.TrimPrefix(line, name+"_bucket{le=\"")

@@ -19,4 +19,23 @@ const (
 	// CurrentPriceAnnotation is read as the on-demand price, for compatibility
 	// with the experimental Cluster API price operator.
 	CurrentPriceAnnotation = "cluster.x-k8s.io/machine-current-price"
+
+	// OfferingAnnotation on a NodeClaim, and on the Machine, infrastructure
+	// machine and bootstrap config made for it (Machine mode), records the
+	// offering chosen as <namespace>/<template>/<zone>/<capacity type>, so
+	// that a retried Create resumes the same launch.
+	OfferingAnnotation = Group + "/offering"
+	// InstanceTypeAnnotation on a Machine (Machine mode) is the instance type
+	// it was launched as.
+	InstanceTypeAnnotation = Group + "/instance-type"
+	// TemplateHashAnnotation on a Machine (Machine mode) is the hash of its
+	// infrastructure template's spec.template when it was cloned.
+	TemplateHashAnnotation = Group + "/template-hash"
+	// BootstrapHashAnnotation on a Machine (Machine mode) is the hash of the
+	// NodeClass's bootstrap settings (and bootstrap template) it was made with.
+	BootstrapHashAnnotation = Group + "/bootstrap-hash"
+	// ManagedLabel marks the infrastructure machines and bootstrap configs
+	// the provider creates in Machine mode, so that leftovers of an
+	// interrupted launch are found and removed.
+	ManagedLabel = Group + "/managed"
 )

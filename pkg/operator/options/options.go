@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
 	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -29,7 +30,12 @@ const (
 	FlagClusterAPINamespace  = "cluster-api-namespace"
 	FlagClusterAPICluster    = "cluster-api-cluster-name"
 	FlagInstallWorkloadCRDs  = "install-workload-crds"
+	FlagUnavailableTTL       = "unavailable-offerings-ttl"
 )
+
+// DefaultUnavailableTTL is how long an offering that failed for lack of
+// capacity is left out of launches.
+const DefaultUnavailableTTL = 3 * time.Minute
 
 // Options are the provider's settings.
 type Options struct {
@@ -43,6 +49,9 @@ type Options struct {
 	ClusterAPIClusterName string
 	// InstallWorkloadCRDs installs the Karpenter and NodeClass CRDs in the spoke at start.
 	InstallWorkloadCRDs bool
+	// UnavailableTTL is how long an offering that reported insufficient
+	// capacity stays unavailable (Machine mode).
+	UnavailableTTL time.Duration
 }
 
 // AddFlags registers the flags in core's flag set.
@@ -57,6 +66,8 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"Name of the Cluster. When set, only objects labelled cluster.x-k8s.io/cluster-name=<name> are used. Requires --cluster-api-namespace.")
 	fs.BoolVarWithEnv(&o.InstallWorkloadCRDs, FlagInstallWorkloadCRDs, "INSTALL_WORKLOAD_CRDS", false,
 		"Install or update the Karpenter and ClusterAPINodeClass CRDs in the workload cluster at start.")
+	fs.DurationVar(&o.UnavailableTTL, FlagUnavailableTTL, env.WithDefaultDuration("UNAVAILABLE_OFFERINGS_TTL", DefaultUnavailableTTL),
+		"How long an offering (instance type, zone, capacity type) that reported insufficient capacity is left out of launches (Machine mode).")
 }
 
 // Parse parses the arguments and validates the result.
@@ -85,6 +96,9 @@ func (o *Options) Validate() error {
 	if o.ClusterAPIClusterName != "" && o.ClusterAPINamespace == "" {
 		return fmt.Errorf("--%s (CLUSTER_API_CLUSTER_NAME) requires --%s (CLUSTER_API_NAMESPACE): a Cluster is named within its namespace",
 			FlagClusterAPICluster, FlagClusterAPINamespace)
+	}
+	if o.UnavailableTTL <= 0 {
+		return fmt.Errorf("--%s (UNAVAILABLE_OFFERINGS_TTL): %s is not a positive duration", FlagUnavailableTTL, o.UnavailableTTL)
 	}
 	if err := checkKubeconfig(FlagKubeconfig, o.Kubeconfig); err != nil {
 		return err

@@ -1,0 +1,46 @@
+package cloudprovider
+
+import (
+	"context"
+	"errors"
+
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machine"
+)
+
+// createMachine launches a standalone Machine for the NodeClaim (Machine mode).
+func (c *CloudProvider) createMachine(ctx context.Context, nodeClass *v1alpha1.ClusterAPINodeClass, nodeClaim *karpv1.NodeClaim) (*karpv1.NodeClaim, error) {
+	var recorded *machine.Offering
+	if v := nodeClaim.Annotations[v1alpha1.OfferingAnnotation]; v != "" {
+		o, err := machine.ParseOffering(v)
+		if err != nil {
+			return nil, err
+		}
+		recorded = &o
+	}
+	record := func(o machine.Offering) {
+		// Core persists this even when Create fails: a retry resumes.
+		nodeClaim.Annotations[v1alpha1.OfferingAnnotation] = o.String()
+	}
+	choose := func(r *machine.Resolved) (instancetype.Source, error) {
+		return cheapest(r.Set, c.pricedInstanceTypes(ctx, nodeClaim, r.Set), nodeClaim)
+	}
+	m, err := c.mm.Launch(ctx, nodeClass, nodeClaim.Name, recorded, record, choose)
+	if err != nil {
+		if errors.Is(err, machine.ErrStillLaunching) {
+			return nil, cloudprovider.NewCreateError(err, "MachineLaunching", truncate(err.Error()))
+		}
+		return nil, err
+	}
+	nodeClaim.Annotations[v1alpha1.MachineAnnotation] = m.Namespace + "/" + m.Name
+	created := c.toNodeClaim(m).DeepCopy()
+	created.Annotations = map[string]string{
+		v1alpha1.MachineAnnotation:  nodeClaim.Annotations[v1alpha1.MachineAnnotation],
+		v1alpha1.OfferingAnnotation: m.Annotations[v1alpha1.OfferingAnnotation],
+	}
+	return created, nil
+}

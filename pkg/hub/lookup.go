@@ -1,0 +1,88 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+)
+
+// Lookup finds the Karpenter-managed Machines of NodeClaims, in either mode.
+type Lookup struct {
+	hub     *Hub
+	managed *ManagedMachines
+}
+
+// NewLookup returns a Lookup over the hub cache and the providerID index.
+func NewLookup(h *Hub, managed *ManagedMachines) *Lookup {
+	return &Lookup{hub: h, managed: managed}
+}
+
+// Owned reports whether a Machine is in scope and carries the member label:
+// the provider never changes a Machine for which this is false.
+func (l *Lookup) Owned(m *clusterv1.Machine) bool {
+	_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
+	return member && l.hub.Scope.Contains(m, m.Spec.ClusterName)
+}
+
+// Bound returns the Machine bound to the NodeClaim, or nil.
+func (l *Lookup) Bound(ctx context.Context, claim string) (*clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := l.hub.GetCache().List(ctx, list, client.MatchingFields{IndexMachineNodeClaim: claim}); err != nil {
+		return nil, fmt.Errorf("looking up the Machine of NodeClaim %s: %w", claim, err)
+	}
+	for i := range list.Items {
+		if m := &list.Items[i]; l.Owned(m) {
+			return m, nil
+		}
+	}
+	return nil, nil
+}
+
+// ByProviderID returns the Karpenter-managed Machine with this providerID,
+// or nil. The Machine is the informer's: do not modify it.
+func (l *Lookup) ByProviderID(providerID string) (*clusterv1.Machine, error) {
+	m, err := l.managed.Get(providerID)
+	if err != nil {
+		return nil, fmt.Errorf("looking up the Machine with providerID %s: %w", providerID, err)
+	}
+	return m, nil
+}
+
+// Find finds the claim's Machine: by the Machine recorded on the NodeClaim
+// when known, else by providerID, else by the binding. When the cache has
+// no recorded Machine, a live read decides: only NotFound from the API
+// server means gone (nil, nil); any other error is returned as an error.
+func (l *Lookup) Find(ctx context.Context, claim string, machine *types.NamespacedName, providerID string) (*clusterv1.Machine, error) {
+	if machine != nil {
+		m := &clusterv1.Machine{}
+		err := l.hub.GetCache().Get(ctx, *machine, m)
+		if err == nil {
+			return m, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("reading Machine %s: %w", machine, err)
+		}
+		err = l.hub.GetAPIReader().Get(ctx, *machine, m)
+		switch {
+		case err == nil:
+			return m, nil
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		default:
+			return nil, fmt.Errorf("reading Machine %s: %w", machine, err)
+		}
+	}
+	if providerID != "" {
+		m, err := l.ByProviderID(providerID)
+		if err != nil || m != nil {
+			return m, err
+		}
+	}
+	return l.Bound(ctx, claim)
+}

@@ -1,0 +1,267 @@
+// Package machine implements Machine mode: each NodeClaim becomes a
+// standalone Machine cloned from a Karpenter-eligible infrastructure
+// template, with a bootstrap config from the NodeClass's bootstrap template
+// (or a ready-made data Secret).
+package machine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+)
+
+// Catalogue resolves a Machine-mode NodeClass to instance types: one per
+// eligible template, with an offering per failure domain of the Cluster and
+// capacity type. Results are memoized until a template, a Cluster or the
+// set of unavailable offerings changes, so GetInstanceTypes on every
+// scheduling pass costs a lookup.
+type Catalogue struct {
+	hub         *hub.Hub
+	unavailable *Unavailable
+	notify      func()
+
+	kinds           sync.Map // schema.GroupVersionKind -> *atomic.Int64 (event count)
+	clustersVersion atomic.Int64
+
+	mu   sync.Mutex
+	memo map[string]memo
+	// launched holds the latest Source of every offering resolved, by
+	// Offering, so that Get and List describe Machines without resolving.
+	launched map[Offering]instancetype.Source
+}
+
+type memo struct {
+	key      string
+	resolved *Resolved
+}
+
+// Resolved is what a NodeClass resolves to in Machine mode.
+type Resolved struct {
+	Set *instancetype.Set
+	// Template is the version-resolved kind of the infrastructure templates.
+	Template schema.GroupVersionKind
+}
+
+// NewCatalogue returns a catalogue reading templates and Clusters from the
+// hub cache. notify is called when something it resolves from changed.
+func NewCatalogue(ctx context.Context, h *hub.Hub, unavailable *Unavailable, notify func()) (*Catalogue, error) {
+	c := &Catalogue{hub: h, unavailable: unavailable, notify: notify, memo: map[string]memo{}, launched: map[Offering]instancetype.Source{}}
+	informer, err := h.GetCache().GetInformer(ctx, &clusterv1.Cluster{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return nil, fmt.Errorf("getting the Cluster informer: %w", err)
+	}
+	if _, err := informer.AddEventHandler(c.counter(&c.clustersVersion)); err != nil {
+		return nil, fmt.Errorf("watching Clusters: %w", err)
+	}
+	return c, nil
+}
+
+func (c *Catalogue) counter(v *atomic.Int64) toolscache.ResourceEventHandlerFuncs {
+	bump := func(any) {
+		v.Add(1)
+		if c.notify != nil {
+			c.notify()
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    bump,
+		UpdateFunc: func(_, o any) { bump(o) },
+		DeleteFunc: bump,
+	}
+}
+
+// watchKind makes sure the hub cache watches the kind, and returns its
+// event counter.
+func (c *Catalogue) watchKind(ctx context.Context, gvk schema.GroupVersionKind) (*atomic.Int64, error) {
+	if v, ok := c.kinds.Load(gvk); ok {
+		return v.(*atomic.Int64), nil
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	informer, err := c.hub.GetCache().GetInformer(ctx, u, cache.BlockUntilSynced(true))
+	if err != nil {
+		return nil, fmt.Errorf("watching %s: %w", gvk.Kind, err)
+	}
+	v := &atomic.Int64{}
+	actual, loaded := c.kinds.LoadOrStore(gvk, v)
+	if !loaded {
+		if _, err := informer.AddEventHandler(c.counter(v)); err != nil {
+			c.kinds.Delete(gvk)
+			return nil, fmt.Errorf("watching %s: %w", gvk.Kind, err)
+		}
+	}
+	return actual.(*atomic.Int64), nil
+}
+
+// ResolveKind finds the served version of a referenced kind, the way
+// Cluster API references are resolved (by group and kind).
+func ResolveKind(h *hub.Hub, group, kind string) (schema.GroupVersionKind, error) {
+	mapping, err := h.GetRESTMapper().RESTMapping(schema.GroupKind{Group: group, Kind: kind})
+	if err != nil {
+		return schema.GroupVersionKind{}, fmt.Errorf("kind %s.%s is not served by the management cluster: %w", kind, group, err)
+	}
+	return mapping.GroupVersionKind, nil
+}
+
+// Resolve returns the instance types of a Machine-mode NodeClass. The
+// result is shared: callers must not modify it.
+func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (*Resolved, error) {
+	mt := nc.Spec.MachineTemplate
+	if mt == nil {
+		return nil, fmt.Errorf("ClusterAPINodeClass %s has no spec.machineTemplate", nc.Name)
+	}
+	gvk, err := ResolveKind(c.hub, mt.InfrastructureTemplates.APIGroup, mt.InfrastructureTemplates.Kind)
+	if err != nil {
+		return nil, fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate.infrastructureTemplates: %w", nc.Name, err)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&mt.InfrastructureTemplates.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate.infrastructureTemplates.selector: %w", nc.Name, err)
+	}
+	events, err := c.watchKind(ctx, gvk)
+	if err != nil {
+		return nil, err
+	}
+	spec, _ := json.Marshal(mt)
+	key := fmt.Sprintf("%s|%s|%d|%d|%d", spec, gvk, events.Load(), c.clustersVersion.Load(), c.unavailable.Version())
+	c.mu.Lock()
+	if m, ok := c.memo[nc.Name]; ok && m.key == key {
+		c.mu.Unlock()
+		return m.resolved, nil
+	}
+	c.mu.Unlock()
+
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	opts := append(c.hub.Scope.NamespaceListOptions(), client.MatchingLabelsSelector{Selector: hub.HasLabel(sel, v1alpha1.KarpenterMemberLabel)})
+	if err := c.hub.GetCache().List(ctx, list, opts...); err != nil {
+		return nil, fmt.Errorf("listing %s: %w", gvk.Kind, err)
+	}
+	nodeLabels := map[string]string{}
+	for k, v := range mt.Metadata.Labels {
+		if instancetype.PropagatesToNode(k) {
+			nodeLabels[k] = v
+		}
+	}
+	var sources []instancetype.Source
+	var problems []string
+	for i := range list.Items {
+		t := &list.Items[i]
+		cluster, inScope, err := c.clusterOf(ctx, t)
+		if err != nil {
+			problems = append(problems, err.Error())
+			continue
+		}
+		if !inScope {
+			continue
+		}
+		for _, s := range instancetype.FromTemplate(t, instancetype.TemplateOptions{
+			ClusterName: cluster.Name,
+			Zones:       failureDomains(cluster),
+			SpotCapable: spotCapable(gvk),
+			NodeLabels:  nodeLabels,
+		}) {
+			if s.Err == nil && c.unavailable.Has(instancetype.OfferingKey{InstanceType: s.Name, Zone: s.Zone, CapacityType: s.CapacityType}) {
+				s.Available = false
+			}
+			sources = append(sources, s)
+		}
+	}
+	set := instancetype.Build(sources)
+	set.Problems = append(problems, set.Problems...)
+	resolved := &Resolved{Set: set, Template: gvk}
+	c.mu.Lock()
+	c.memo[nc.Name] = memo{key: key, resolved: resolved}
+	for _, list := range set.Origins {
+		for _, s := range list {
+			c.launched[Offering{Template: s.Origin, Zone: s.Zone, CapacityType: s.CapacityType}] = s
+		}
+	}
+	c.mu.Unlock()
+	return resolved, nil
+}
+
+// Source returns the latest resolved Source of an offering. Its maps are
+// shared: callers must not modify them.
+func (c *Catalogue) Source(o Offering) (instancetype.Source, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.launched[o]
+	return s, ok
+}
+
+// Forget drops the memo of a deleted NodeClass.
+func (c *Catalogue) Forget(nodeClass string) {
+	c.mu.Lock()
+	delete(c.memo, nodeClass)
+	c.mu.Unlock()
+}
+
+// clusterOf finds the Cluster whose Machines a template launches: the
+// scope's Cluster, else the template's cluster-name label, else the only
+// Cluster in its namespace. inScope is false for a template labelled for
+// another Cluster than the scope's.
+func (c *Catalogue) clusterOf(ctx context.Context, t *unstructured.Unstructured) (*clusterv1.Cluster, bool, error) {
+	what := fmt.Sprintf("%s %s/%s", t.GetKind(), t.GetNamespace(), t.GetName())
+	name := t.GetLabels()[clusterv1.ClusterNameLabel]
+	if scoped := c.hub.Scope.ClusterName; scoped != "" {
+		if name != "" && name != scoped {
+			return nil, false, nil
+		}
+		name = scoped
+	}
+	cluster := &clusterv1.Cluster{}
+	if name == "" {
+		list := &clusterv1.ClusterList{}
+		if err := c.hub.GetCache().List(ctx, list, client.InNamespace(t.GetNamespace())); err != nil {
+			return nil, false, fmt.Errorf("%s: listing Clusters: %w", what, err)
+		}
+		if len(list.Items) != 1 {
+			return nil, false, fmt.Errorf("%s: cannot tell which Cluster its Machines join (%d Clusters in namespace %s): label it %s=<cluster> or run with --cluster-api-cluster-name",
+				what, len(list.Items), t.GetNamespace(), clusterv1.ClusterNameLabel)
+		}
+		return &list.Items[0], true, nil
+	}
+	if err := c.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: t.GetNamespace(), Name: name}, cluster); err != nil {
+		return nil, false, fmt.Errorf("%s: reading Cluster %s/%s: %w", what, t.GetNamespace(), name, err)
+	}
+	return cluster, true, nil
+}
+
+// failureDomains are the Cluster's failure domains, sorted.
+func failureDomains(c *clusterv1.Cluster) []string {
+	out := make([]string, 0, len(c.Status.FailureDomains))
+	for _, fd := range c.Status.FailureDomains {
+		out = append(out, fd.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// spotCapable reports whether a Machine cloned from templates of this kind
+// can be made spot: CAPA's AWSMachine has spec.spotMarketOptions.
+func spotCapable(gvk schema.GroupVersionKind) bool {
+	return gvk.Group == "infrastructure.cluster.x-k8s.io" && gvk.Kind == "AWSMachineTemplate"
+}
+
+// machineKind is the kind a template of this kind clones into.
+func machineKind(templateKind string) string {
+	return strings.TrimSuffix(templateKind, "Template")
+}

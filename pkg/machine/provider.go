@@ -1,0 +1,515 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+)
+
+// DefaultLaunchWait bounds how long one Create call waits for a providerID
+// before returning a retryable error; the launch it started goes on.
+const DefaultLaunchWait = 2 * time.Minute
+
+// DefaultLaunchTimeout is how long a Machine may go without a providerID
+// before its offering is taken as unable to deliver: the Machine is removed
+// and Karpenter relaunches elsewhere.
+const DefaultLaunchTimeout = 3 * time.Minute
+
+// ErrMachineGone means the Machine is truly gone (a live read said so).
+var ErrMachineGone = errors.New("machine not found")
+
+// ErrStillLaunching is returned when no providerID arrived within the wait.
+var ErrStillLaunching = errors.New("machine has no providerID yet")
+
+// Provider implements Machine mode.
+type Provider struct {
+	hub         *hub.Hub
+	machines    *hub.Lookup
+	catalogue   *Catalogue
+	unavailable *Unavailable
+	waiters     *hub.Waiters
+	// launching holds the NodeClaims this process is launching right now:
+	// the garbage collector leaves their objects alone.
+	launching sync.Map
+	// watchedInfra holds the infrastructure machine kinds whose events wake waiters.
+	watchedInfra sync.Map
+
+	// LaunchWait bounds one Create call's wait for a providerID.
+	LaunchWait time.Duration
+	// LaunchTimeout bounds a Machine's time without a providerID.
+	LaunchTimeout time.Duration
+	// Events records events on Machines in the hub.
+	Events record.EventRecorder
+	now    func() time.Time
+}
+
+// NewProvider returns the Machine mode provider; it wakes launches on
+// Machine events of the hub cache.
+func NewProvider(ctx context.Context, h *hub.Hub, machines *hub.Lookup, catalogue *Catalogue) (*Provider, error) {
+	p := &Provider{
+		hub: h, machines: machines, catalogue: catalogue, unavailable: catalogue.unavailable,
+		waiters:       hub.NewWaiters(),
+		LaunchWait:    DefaultLaunchWait,
+		LaunchTimeout: DefaultLaunchTimeout,
+		Events:        h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
+		now:           time.Now,
+	}
+	informer, err := h.GetCache().GetInformer(ctx, &clusterv1.Machine{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return nil, fmt.Errorf("getting the Machine informer: %w", err)
+	}
+	if _, err := informer.AddEventHandler(p.wakeHandler()); err != nil {
+		return nil, fmt.Errorf("watching Machines: %w", err)
+	}
+	return p, nil
+}
+
+// Catalogue returns the provider's instance-type catalogue.
+func (p *Provider) Catalogue() *Catalogue { return p.catalogue }
+
+// Launching reports whether this process is launching for the NodeClaim.
+func (p *Provider) Launching(claim string) bool {
+	_, ok := p.launching.Load(claim)
+	return ok
+}
+
+// wakeHandler wakes the waiters of the NodeClaim an object was made for.
+func (p *Provider) wakeHandler() toolscache.ResourceEventHandlerFuncs {
+	wake := func(o any) {
+		if tomb, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			o = tomb.Obj
+		}
+		if obj, ok := o.(client.Object); ok {
+			if claim := obj.GetAnnotations()[v1alpha1.NodeClaimAnnotation]; claim != "" {
+				p.waiters.Notify(claim)
+			}
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{AddFunc: wake, UpdateFunc: func(_, o any) { wake(o) }, DeleteFunc: wake}
+}
+
+// watchInfra makes infrastructure machine events of the kind wake waiters,
+// so that a launch failure is seen as soon as the provider reports it.
+func (p *Provider) watchInfra(ctx context.Context, gvk schema.GroupVersionKind) error {
+	if _, ok := p.watchedInfra.Load(gvk); ok {
+		return nil
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	informer, err := p.hub.GetCache().GetInformer(ctx, u, cache.BlockUntilSynced(true))
+	if err != nil {
+		return fmt.Errorf("watching %s: %w", gvk.Kind, err)
+	}
+	if _, loaded := p.watchedInfra.LoadOrStore(gvk, true); loaded {
+		return nil
+	}
+	if _, err := informer.AddEventHandler(p.wakeHandler()); err != nil {
+		p.watchedInfra.Delete(gvk)
+		return fmt.Errorf("watching %s: %w", gvk.Kind, err)
+	}
+	return nil
+}
+
+// Launch makes sure a Machine exists for the NodeClaim and returns it once
+// it has a providerID, with the Source it was launched from. It resumes what
+// an earlier attempt (of this process or one before a restart) created:
+// objects are named after the NodeClaim, so nothing is created twice.
+// recorded is the offering an earlier attempt chose (from the NodeClaim),
+// record is told a new choice before anything is created, and choose picks
+// the offering when nothing was chosen yet.
+func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, recorded *Offering,
+	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (*clusterv1.Machine, error) {
+	p.launching.Store(claim, true)
+	defer p.launching.Delete(claim)
+
+	m, err := p.machines.Bound(ctx, claim)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil {
+		if m, err = p.create(ctx, nc, claim, recorded, record, choose); err != nil {
+			return nil, err
+		}
+	}
+	return p.await(ctx, claim, m)
+}
+
+// create creates the infrastructure machine, the bootstrap config and the
+// Machine, each only when missing.
+func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, recorded *Offering,
+	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (*clusterv1.Machine, error) {
+	resolved, err := p.catalogue.Resolve(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	src, offering, err := p.offering(ctx, resolved, claim, recorded, choose)
+	if err != nil {
+		return nil, err
+	}
+	record(offering)
+
+	template := &unstructured.Unstructured{}
+	template.SetGroupVersionKind(resolved.Template)
+	if err := p.hub.GetCache().Get(ctx, offering.Template, template); err != nil {
+		return nil, fmt.Errorf("reading %s %s chosen for NodeClaim %s: %w", resolved.Template.Kind, offering.Template, claim, err)
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: offering.Template.Namespace, Name: src.ClusterName}, cluster); err != nil {
+		return nil, fmt.Errorf("reading Cluster %s/%s for NodeClaim %s: %w", offering.Template.Namespace, src.ClusterName, claim, err)
+	}
+	mt := nc.Spec.MachineTemplate
+	version := mt.Version
+	if version == "" {
+		if version, err = clusterVersion(ctx, p, cluster); err != nil {
+			return nil, err
+		}
+	}
+	name := ObjectName(cluster.Name, claim)
+	if err := p.watchInfra(ctx, resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind))); err != nil {
+		return nil, err
+	}
+
+	// 1. The infrastructure machine, cloned from the template.
+	infra, err := clone(template, resolved.Template, name, cluster.Name, claim, offering)
+	if err != nil {
+		return nil, err
+	}
+	if offering.CapacityType == "spot" && spotCapable(resolved.Template) {
+		if err := makeSpot(infra); err != nil {
+			return nil, fmt.Errorf("making %s %s/%s spot: %w", infra.GetKind(), infra.GetNamespace(), name, err)
+		}
+	}
+	createdInfra, err := p.ensure(ctx, infra, claim)
+	if err != nil {
+		return nil, err
+	}
+	// cleanup removes what this call created when a later step cannot succeed.
+	cleanup := func(objs ...client.Object) {
+		for _, o := range objs {
+			if o != nil {
+				_ = client.IgnoreNotFound(p.hub.GetClient().Delete(context.WithoutCancel(ctx), o))
+			}
+		}
+	}
+
+	// 2. The bootstrap config, from the bootstrap template (or a data Secret).
+	bootstrap := clusterv1.Bootstrap{DataSecretName: mt.Bootstrap.DataSecretName}
+	var bootstrapTemplate *unstructured.Unstructured
+	var createdConfig client.Object
+	if ref := mt.Bootstrap.ConfigRef; ref != nil {
+		gvk, err := ResolveKind(p.hub, ref.APIGroup, ref.Kind)
+		if err != nil {
+			cleanup(createdInfra)
+			return nil, cloudprovider.NewCreateError(fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate.bootstrap.configRef: %w", nc.Name, err), "BootstrapTemplateUnusable", err.Error())
+		}
+		bootstrapTemplate = &unstructured.Unstructured{}
+		bootstrapTemplate.SetGroupVersionKind(gvk)
+		if err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: offering.Template.Namespace, Name: ref.Name}, bootstrapTemplate); err != nil {
+			if apierrors.IsNotFound(err) {
+				cleanup(createdInfra)
+				msg := fmt.Sprintf("ClusterAPINodeClass %s: spec.machineTemplate.bootstrap.configRef: %s %s/%s does not exist", nc.Name, ref.Kind, offering.Template.Namespace, ref.Name)
+				return nil, cloudprovider.NewCreateError(errors.New(msg), "BootstrapTemplateNotFound", msg)
+			}
+			return nil, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, offering.Template.Namespace, ref.Name, err)
+		}
+		config, err := clone(bootstrapTemplate, gvk, name, cluster.Name, claim, offering)
+		if err != nil {
+			cleanup(createdInfra)
+			return nil, err
+		}
+		if createdConfig, err = p.ensure(ctx, config, claim); err != nil {
+			return nil, err
+		}
+		bootstrap = clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{APIGroup: gvk.Group, Kind: config.GetKind(), Name: name}}
+	}
+
+	// 3. The Machine, referencing both.
+	m := newMachine(machineSpec{
+		name: name, clusterName: cluster.Name, claim: claim, version: version, instanceType: src.Name,
+		offering:      offering,
+		infra:         clusterv1.ContractVersionedObjectReference{APIGroup: resolved.Template.Group, Kind: infra.GetKind(), Name: name},
+		bootstrap:     bootstrap,
+		metadata:      mt.Metadata,
+		templateHash:  TemplateHash(template),
+		bootstrapHash: BootstrapHash(mt, bootstrapTemplate),
+	})
+	if owner, err := p.adoptingMachineSet(ctx, m); err != nil {
+		return nil, err
+	} else if owner != "" {
+		cleanup(createdInfra, createdConfig)
+		msg := fmt.Sprintf("ClusterAPINodeClass %s: the Machine's labels (spec.machineTemplate.metadata.labels) match the selector of MachineSet %s, which would adopt it: remove those labels", nc.Name, owner)
+		return nil, cloudprovider.NewCreateError(errors.New(msg), "MachineWouldBeAdopted", msg)
+	}
+	if err := p.hub.GetClient().Create(ctx, m); err != nil {
+		if !apierrors.IsAlreadyExists(err) {
+			metrics.HubErrors.WithLabelValues("create_machine").Inc()
+			return nil, fmt.Errorf("creating Machine %s/%s for NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
+		}
+		if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+			return nil, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+		}
+		if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim {
+			return nil, fmt.Errorf("Machine %s/%s exists and is not NodeClaim %s's: not touching it", m.Namespace, m.Name, claim)
+		}
+	} else if p.Events != nil {
+		p.Events.Eventf(m, corev1.EventTypeNormal, "Launched", "Launched for NodeClaim %s: %s in %q (%s) from %s %s",
+			claim, src.Name, offering.Zone, offering.CapacityType, resolved.Template.Kind, offering.Template.Name)
+	}
+	return m, nil
+}
+
+// offering decides what to launch: the recorded choice, else what an
+// interrupted earlier attempt already created, else a new choice.
+func (p *Provider) offering(ctx context.Context, resolved *Resolved, claim string, recorded *Offering,
+	choose func(*Resolved) (instancetype.Source, error)) (instancetype.Source, Offering, error) {
+	find := func(o Offering) (instancetype.Source, bool) {
+		for _, list := range resolved.Set.Origins {
+			for _, s := range list {
+				if s.Origin == o.Template && s.Zone == o.Zone && s.CapacityType == o.CapacityType {
+					return s, true
+				}
+			}
+		}
+		return instancetype.Source{}, false
+	}
+	if recorded != nil {
+		if src, ok := find(*recorded); ok {
+			return src, *recorded, nil
+		}
+	}
+	src, err := choose(resolved)
+	if err != nil {
+		return instancetype.Source{}, Offering{}, err
+	}
+	// An infrastructure machine of an attempt that ended before its choice
+	// was recorded (a crash) decides, so that the launch resumes.
+	existing := &unstructured.Unstructured{}
+	existing.SetGroupVersionKind(resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind)))
+	err = p.hub.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: src.Origin.Namespace, Name: ObjectName(src.ClusterName, claim)}, existing)
+	switch {
+	case err == nil:
+		if o, perr := ParseOffering(existing.GetAnnotations()[v1alpha1.OfferingAnnotation]); perr == nil && existing.GetAnnotations()[v1alpha1.NodeClaimAnnotation] == claim {
+			if s, ok := find(o); ok {
+				return s, o, nil
+			}
+		}
+	case !apierrors.IsNotFound(err):
+		return instancetype.Source{}, Offering{}, fmt.Errorf("reading %s %s/%s: %w", existing.GetKind(), src.Origin.Namespace, ObjectName(src.ClusterName, claim), err)
+	}
+	return src, Offering{Template: src.Origin, Zone: src.Zone, CapacityType: src.CapacityType}, nil
+}
+
+// ensure creates obj unless an object of that name made for the same
+// NodeClaim exists. It returns obj when this call created it.
+func (p *Provider) ensure(ctx context.Context, obj *unstructured.Unstructured, claim string) (client.Object, error) {
+	err := p.hub.GetClient().Create(ctx, obj)
+	if err == nil {
+		return obj, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		metrics.HubErrors.WithLabelValues("create_" + obj.GetKind()).Inc()
+		return nil, fmt.Errorf("creating %s %s/%s for NodeClaim %s: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), claim, err)
+	}
+	existing := &unstructured.Unstructured{}
+	existing.SetGroupVersionKind(obj.GroupVersionKind())
+	if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(obj), existing); err != nil {
+		return nil, fmt.Errorf("reading %s %s/%s: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
+	}
+	if existing.GetAnnotations()[v1alpha1.NodeClaimAnnotation] != claim {
+		return nil, fmt.Errorf("%s %s/%s exists and was not made for NodeClaim %s: not touching it", obj.GetKind(), obj.GetNamespace(), obj.GetName(), claim)
+	}
+	return nil, nil
+}
+
+// adoptingMachineSet returns the MachineSet whose selector matches the
+// Machine's labels (it would adopt the Machine), or "".
+func (p *Provider) adoptingMachineSet(ctx context.Context, m *clusterv1.Machine) (string, error) {
+	list := &clusterv1.MachineSetList{}
+	if err := p.hub.GetCache().List(ctx, list, client.InNamespace(m.Namespace)); err != nil {
+		return "", fmt.Errorf("listing MachineSets: %w", err)
+	}
+	for i := range list.Items {
+		ms := &list.Items[i]
+		if ms.Spec.ClusterName != m.Spec.ClusterName {
+			continue
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&ms.Spec.Selector)
+		if err != nil || sel.Empty() {
+			continue
+		}
+		if sel.Matches(labels.Set(m.Labels)) {
+			return ms.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// await waits for the Machine's providerID. A launch that failed (the
+// infrastructure machine reports it, or no providerID arrives in time)
+// makes its offering unavailable, removes the Machine and returns an
+// insufficient capacity error, so that Karpenter relaunches elsewhere.
+func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine) (*clusterv1.Machine, error) {
+	timer := time.NewTimer(p.LaunchWait)
+	defer timer.Stop()
+	key := client.ObjectKeyFromObject(m)
+	var wokeAt time.Time
+	for {
+		ch := p.waiters.Register(claim)
+		current := &clusterv1.Machine{}
+		err := p.hub.GetCache().Get(ctx, key, current)
+		switch {
+		case err == nil:
+			m = current
+		case apierrors.IsNotFound(err):
+			// Just created: the cache has not seen it yet.
+		default:
+			p.waiters.Forget(claim, ch)
+			return nil, fmt.Errorf("reading Machine %s: %w", key, err)
+		}
+		if !m.DeletionTimestamp.IsZero() {
+			p.waiters.Forget(claim, ch)
+			return nil, fmt.Errorf("Machine %s for NodeClaim %s is being deleted", key, claim)
+		}
+		if m.Spec.ProviderID != "" {
+			p.waiters.Forget(claim, ch)
+			if !wokeAt.IsZero() {
+				metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
+			}
+			return m, nil
+		}
+		reason, failed, err := p.launchFailure(ctx, m)
+		if err != nil {
+			p.waiters.Forget(claim, ch)
+			return nil, err
+		}
+		left := p.LaunchTimeout
+		if !m.CreationTimestamp.IsZero() {
+			left = m.CreationTimestamp.Add(p.LaunchTimeout).Sub(p.now())
+		}
+		if left <= 0 && !failed {
+			reason, failed = fmt.Sprintf("no providerID within %s", p.LaunchTimeout), true
+			metrics.MachineLaunchFailures.WithLabelValues("timeout").Inc()
+		}
+		if failed {
+			p.waiters.Forget(claim, ch)
+			return nil, p.fail(ctx, m, claim, reason)
+		}
+		timeout := time.NewTimer(left)
+		select {
+		case <-ch:
+			timeout.Stop()
+			wokeAt = p.now()
+		case <-timeout.C:
+		case <-timer.C:
+			p.waiters.Forget(claim, ch)
+			return nil, fmt.Errorf("Machine %s for NodeClaim %s: %w", key, claim, ErrStillLaunching)
+		case <-ctx.Done():
+			p.waiters.Forget(claim, ch)
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// launchFailure reads the Machine's infrastructure machine for a failed launch.
+func (p *Provider) launchFailure(ctx context.Context, m *clusterv1.Machine) (string, bool, error) {
+	ref := m.Spec.InfrastructureRef
+	gvk, err := ResolveKind(p.hub, ref.APIGroup, ref.Kind)
+	if err != nil {
+		return "", false, err
+	}
+	infra := &unstructured.Unstructured{}
+	infra.SetGroupVersionKind(gvk)
+	if err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, infra); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", false, nil // not in the cache yet
+		}
+		return "", false, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
+	}
+	f := ReadLaunchFailure(infra)
+	if !f.Failed {
+		return "", false, nil
+	}
+	if f.InsufficientCapacity {
+		metrics.MachineLaunchFailures.WithLabelValues("insufficient_capacity").Inc()
+	} else {
+		metrics.MachineLaunchFailures.WithLabelValues("failed").Inc()
+	}
+	return fmt.Sprintf("%s %s/%s: %s", ref.Kind, m.Namespace, ref.Name, f.Message), true, nil
+}
+
+// fail gives up on a Machine's launch: its offering is left out for the
+// TTL and the Machine removed (Cluster API removes its infrastructure
+// machine and bootstrap config).
+func (p *Provider) fail(ctx context.Context, m *clusterv1.Machine, claim, reason string) error {
+	if o, err := ParseOffering(m.Annotations[v1alpha1.OfferingAnnotation]); err == nil {
+		if it := m.Annotations[v1alpha1.InstanceTypeAnnotation]; it != "" {
+			p.unavailable.Mark(instancetype.OfferingKey{InstanceType: it, Zone: o.Zone, CapacityType: o.CapacityType}, reason)
+		}
+	}
+	if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
+		return err
+	}
+	if p.Events != nil {
+		p.Events.Eventf(m, corev1.EventTypeWarning, "LaunchFailed", "Launch for NodeClaim %s failed, Machine deleted and offering %s left out for %s: %s",
+			claim, m.Annotations[v1alpha1.OfferingAnnotation], p.unavailable.ttl, reason)
+	}
+	return cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: launch of Machine %s/%s failed: %s", claim, m.Namespace, m.Name, reason))
+}
+
+// deleteMachine deletes exactly this Machine (UID precondition).
+func (p *Provider) deleteMachine(ctx context.Context, m *clusterv1.Machine) error {
+	err := p.hub.GetClient().Delete(ctx, m, client.Preconditions{UID: &m.UID})
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return ErrMachineGone
+	case apierrors.IsConflict(err):
+		return ErrMachineGone // a Machine of the same name but another UID: ours is gone
+	default:
+		metrics.HubErrors.WithLabelValues("delete_machine").Inc()
+		return fmt.Errorf("deleting Machine %s/%s: %w", m.Namespace, m.Name, err)
+	}
+}
+
+// Delete starts the removal of the NodeClaim's Machine. It returns
+// ErrMachineGone once the Machine is gone (a live read said so).
+func (p *Provider) Delete(ctx context.Context, claim string, m *clusterv1.Machine) error {
+	if m == nil {
+		return ErrMachineGone
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim || !p.machines.Owned(m) {
+		return fmt.Errorf("Machine %s/%s is not bound to NodeClaim %s: not touching it", m.Namespace, m.Name, claim)
+	}
+	if err := p.deleteMachine(ctx, m); err != nil {
+		return err
+	}
+	if p.Events != nil {
+		p.Events.Event(m, corev1.EventTypeNormal, "Deleted", "NodeClaim "+claim+" deleted: Machine deleted")
+	}
+	return nil
+}
