@@ -32,11 +32,11 @@ var ErrStillLaunching = errors.New("machine has no providerID yet")
 
 // Provider implements MachineDeployment mode.
 type Provider struct {
-	hub     *hub.Hub
+	hub      *hub.Hub
 	machines *hub.Lookup
-	store   *instancetype.Store
-	scaler  *Scaler
-	waiters *hub.Waiters
+	store    *instancetype.Store
+	scaler   *Scaler
+	waiters  *hub.Waiters
 	// inflight maps a NodeClaim to the MachineDeployment this process raised
 	// a replica for, until the hub cache shows the pending entry.
 	inflight sync.Map
