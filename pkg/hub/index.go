@@ -25,6 +25,9 @@ const (
 	// IndexMachineDeploymentInfraTemplate indexes MachineDeployments by their
 	// infrastructure template as "<apiGroup>/<kind>/<name>".
 	IndexMachineDeploymentInfraTemplate = "spec.template.spec.infrastructureRef"
+	// IndexMachineDeploymentBootstrapTemplate indexes MachineDeployments by
+	// their bootstrap config template as "<apiGroup>/<kind>/<name>".
+	IndexMachineDeploymentBootstrapTemplate = "spec.template.spec.bootstrap.configRef"
 )
 
 // Annotations the provider keeps on MachineDeployments so that a replica it
@@ -38,7 +41,8 @@ const (
 	ReleasedMachinesAnnotation = v1alpha1.Group + "/released-machines"
 )
 
-// InfraTemplateKey is the IndexMachineDeploymentInfraTemplate key of a template.
+// InfraTemplateKey is the IndexMachineDeploymentInfraTemplate (and
+// IndexMachineDeploymentBootstrapTemplate) key of a template.
 func InfraTemplateKey(apiGroup, kind, name string) string {
 	return apiGroup + "/" + kind + "/" + name
 }
@@ -69,6 +73,15 @@ func (h *Hub) SetupIndexes(ctx context.Context) error {
 		return []string{InfraTemplateKey(ref.APIGroup, ref.Kind, ref.Name)}
 	}); err != nil {
 		return fmt.Errorf("indexing MachineDeployments by infrastructure template: %w", err)
+	}
+	if err := idx.IndexField(ctx, &clusterv1.MachineDeployment{}, IndexMachineDeploymentBootstrapTemplate, func(o client.Object) []string {
+		ref := o.(*clusterv1.MachineDeployment).Spec.Template.Spec.Bootstrap.ConfigRef
+		if !ref.IsDefined() {
+			return nil
+		}
+		return []string{InfraTemplateKey(ref.APIGroup, ref.Kind, ref.Name)}
+	}); err != nil {
+		return fmt.Errorf("indexing MachineDeployments by bootstrap template: %w", err)
 	}
 	return nil
 }

@@ -29,6 +29,19 @@ type Set struct {
 	Estimated []string
 }
 
+// Source returns the set's source of an origin (with the NodeClass's kubelet
+// settings the set was resolved with), if the origin offers in the set.
+func (s *Set) Source(origin types.NamespacedName) (Source, bool) {
+	for _, origins := range s.Origins {
+		for _, src := range origins {
+			if src.Origin == origin {
+				return src, true
+			}
+		}
+	}
+	return Source{}, false
+}
+
 // Build merges sources into instance types: sources that yield the same
 // instance type become one instance type with one offering per zone and
 // capacity type. Unusable sources are reported, not returned.
@@ -79,9 +92,9 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 	first := group[0]
 	kept := []Source{first}
 	for _, s := range group[1:] {
-		if !equality.Semantic.DeepEqual(s.Capacity, first.Capacity) || s.Arch != first.Arch || s.OS != first.OS {
+		if !equality.Semantic.DeepEqual(s.Capacity, first.Capacity) || !equality.Semantic.DeepEqual(s.Allocatable, first.Allocatable) || s.Arch != first.Arch || s.OS != first.OS {
 			set.Problems = append(set.Problems, fmt.Sprintf(
-				"MachineDeployment %s yields instance type %s with a different capacity or architecture than %s: it is skipped; give it a distinct instance type",
+				"MachineDeployment %s yields instance type %s with a different capacity, allocatable (kubelet settings) or architecture than %s: it is skipped; give it a distinct instance type",
 				s.Origin, name, first.Origin))
 			continue
 		}
@@ -159,7 +172,7 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 		Requirements: scheduling.NewRequirements(reqs...),
 		Offerings:    offerings,
 		Capacity:     first.Capacity.DeepCopy(),
-		Overhead:     Overhead(first.Capacity),
+		Overhead:     first.Kubelet.Overhead(first.Capacity),
 	}, kept
 }
 

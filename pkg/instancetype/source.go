@@ -17,6 +17,7 @@ import (
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/capacity"
+	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
 	"github.com/autonode/karpenter-clusterapi/pkg/pricing"
 )
 
@@ -56,6 +57,13 @@ type Source struct {
 	// Replicas of a MachineDeployment origin that has a max size (0 otherwise).
 	Replicas int32
 
+	// Kubelet is the kubelet configuration of the origin's nodes as far as it
+	// decides allocatable, highest source first: the bootstrap template's
+	// kubelet arguments, then the maxPods capacity annotation; unset fields
+	// are the kubelet's defaults. finish computes the pods capacity and
+	// Allocatable from it; WithKubelet layers a NodeClass's spec.kubelet on top.
+	Kubelet kubelet.Config
+
 	// Labels are the labels a NodeClaim of this source carries, and
 	// Allocatable its allocatable resources: computed once per change, shared
 	// read-only by every NodeClaim that Get and List describe.
@@ -68,9 +76,20 @@ type Source struct {
 	Err error
 }
 
-// FromMachineDeployment computes the Source of a MachineDeployment.
-// template is its infrastructure template, or nil when it could not be read.
+// FromMachineDeployment computes the Source of a MachineDeployment whose
+// bootstrap template is not known. template is its infrastructure template,
+// or nil when it could not be read.
 func FromMachineDeployment(md *clusterv1.MachineDeployment, template *unstructured.Unstructured) Source {
+	return FromMachineDeploymentTemplates(md, template, nil)
+}
+
+// FromMachineDeploymentTemplates computes the Source of a MachineDeployment.
+// template is its infrastructure template and bootstrap its bootstrap config
+// template (spec.template.spec.bootstrap.configRef), each nil when absent or
+// unreadable. The kubelet arguments of a KubeadmConfigTemplate decide the
+// nodes' overhead and pod limit over the maxPods capacity annotation; bad
+// ones are reported and skipped.
+func FromMachineDeploymentTemplates(md *clusterv1.MachineDeployment, template, bootstrap *unstructured.Unstructured) Source {
 	src := Source{
 		Origin:       types.NamespacedName{Namespace: md.Namespace, Name: md.Name},
 		ClusterName:  md.Spec.ClusterName,
@@ -207,6 +226,8 @@ func FromMachineDeployment(md *clusterv1.MachineDeployment, template *unstructur
 			what, capacity.CPUKey, capacity.MemoryKey)
 	}
 
+	src.Kubelet = bootstrapKubelet(md, bootstrap, problem)
+
 	src.Price, src.PriceEstimated = price(md.Annotations, tmplAnnotations, src, problem)
 	if src.Err == nil {
 		src.finish()
@@ -229,7 +250,50 @@ func (s *Source) finish() {
 	} else {
 		delete(s.Labels, corev1.LabelTopologyZone)
 	}
-	s.Allocatable = Allocatable(s.Capacity, Overhead(s.Capacity))
+	// The pod limit: the kubelet configuration's max-pods, else the pods
+	// capacity the annotations gave, else the kubelet's default.
+	if s.Kubelet.MaxPods == nil {
+		if q, ok := s.Capacity[corev1.ResourcePods]; ok && q.Value() > 0 {
+			n := q.Value()
+			s.Kubelet.MaxPods = &n
+		}
+	}
+	if s.Capacity == nil {
+		s.Capacity = corev1.ResourceList{}
+	}
+	s.Capacity[corev1.ResourcePods] = *resource.NewQuantity(s.Kubelet.Pods(), resource.DecimalSI)
+	s.Allocatable = Allocatable(s.Capacity, s.Kubelet.Overhead(s.Capacity))
+}
+
+// WithKubelet returns the source with a NodeClass's kubelet settings layered
+// over its own (the fields set in override win) and what depends on them
+// recomputed. The receiver is not modified.
+func (s Source) WithKubelet(override kubelet.Config) Source {
+	if s.Err != nil || override.Key() == "" {
+		return s
+	}
+	s.Kubelet = override.Merge(s.Kubelet)
+	s.Capacity = s.Capacity.DeepCopy()
+	s.finish()
+	return s
+}
+
+// bootstrapKubelet reads the kubelet settings of a MachineDeployment's
+// bootstrap template when it is a KubeadmConfigTemplate.
+func bootstrapKubelet(md *clusterv1.MachineDeployment, bootstrap *unstructured.Unstructured, problem func(string, ...any)) kubelet.Config {
+	ref := md.Spec.Template.Spec.Bootstrap.ConfigRef
+	if ref.Kind != kubelet.KubeadmConfigTemplateKind || ref.APIGroup != kubelet.KubeadmGroup {
+		return kubelet.Config{}
+	}
+	if bootstrap == nil {
+		problem("bootstrap template %s %s cannot be read: its kubelet settings are not known, the kubelet's defaults are assumed", ref.Kind, ref.Name)
+		return kubelet.Config{}
+	}
+	cfg, errs := kubelet.FromKubeadmConfigTemplate(bootstrap)
+	for _, e := range errs {
+		problem("%s", kubelet.Problem(e))
+	}
+	return cfg
 }
 
 // price finds the offering's hourly price: the MachineDeployment's

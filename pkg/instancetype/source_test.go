@@ -154,16 +154,14 @@ func TestBuildMergesSameInstanceTypeIntoOfferings(t *testing.T) {
 	}
 }
 
-func TestOverheadAndAllocatable(t *testing.T) {
-	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("8Gi"), corev1.ResourcePods: resource.MustParse("110")}
-	alloc := Allocatable(capacity, Overhead(capacity))
-	if got := alloc.Cpu().MilliValue(); got != 2000-70 {
-		t.Fatalf("allocatable cpu = %dm, want 1930m", got)
+func TestDefaultAllocatableIsTheKubeletsOwn(t *testing.T) {
+	src := FromMachineDeployment(md("a", nil, "", 0), awsTemplate("m5.large", false, map[string]any{"cpu": "2", "memory": "8Gi"}, nil))
+	if src.Err != nil {
+		t.Fatal(src.Err)
 	}
-	wantMem := resource.MustParse("8Gi")
-	wantMem.Sub(resource.MustParse("1565Mi")) // 11Mi*110+255Mi kube-reserved + 100Mi eviction
-	if alloc.Memory().Cmp(wantMem) != 0 {
-		t.Fatalf("allocatable memory = %v, want %v", alloc.Memory(), &wantMem)
+	want := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("8092Mi"), corev1.ResourcePods: resource.MustParse("110")}
+	if !equalResources(src.Allocatable, want) {
+		t.Fatalf("allocatable = %v, want %v (nothing reserved, 100Mi eviction, 110 pods)", src.Allocatable, want)
 	}
 }
 
