@@ -5,6 +5,7 @@ import (
 	"github.com/awslabs/operatorpkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/allocatable"
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
@@ -21,5 +22,6 @@ func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hu
 		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store, mm.Catalogue()), store.Changes()),
 		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
 		machine.NewGarbageCollector(mm, kubeClient, kubeAPIReader),
+		allocatable.NewController(kubeClient),
 	}
 }
