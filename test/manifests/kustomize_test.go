@@ -1,0 +1,133 @@
+package manifests
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/autonode/karpenter-clusterapi/test/environment"
+)
+
+// overlay says where a kustomize overlay is applied and what it must hold.
+type overlay struct {
+	// toHub: the management cluster; else the workload cluster.
+	toHub bool
+	// namespaces the overlay installs into, created before the apply.
+	namespaces []string
+	check      func(t *testing.T, objs []*unstructured.Unstructured)
+}
+
+var overlays = map[string]overlay{
+	"workload-cluster": {
+		namespaces: []string{"karpenter"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkDeployment(t, objs, deploymentExpectations{topology: inWorkloadCluster, metricsPort: 8080, healthPort: 8081})
+			checkRules(t, objs, "ClusterRole", "-workload", generatedRules(t, "config/rbac/workload/role.yaml"))
+			checkRules(t, objs, "ClusterRole", "-core", generatedRules(t, "config/rbac/workload/core_role.yaml"))
+			checkCRDs(t, objs)
+		},
+	},
+	"hub-access": {
+		toHub:      true,
+		namespaces: []string{"default"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkRules(t, objs, "Role", "-hub", generatedRules(t, "config/rbac/hub/role.yaml"))
+			checkNamespaceOnly(t, objs)
+		},
+	},
+	"hub-access-all-namespaces": {
+		toHub:      true,
+		namespaces: []string{"karpenter"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkRules(t, objs, "ClusterRole", "-hub", generatedRules(t, "config/rbac/hub/role.yaml"))
+		},
+	},
+	"management-cluster": {
+		toHub:      true,
+		namespaces: []string{"default"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkDeployment(t, objs, deploymentExpectations{topology: inManagementCluster, metricsPort: 8080, healthPort: 8081})
+			checkRules(t, objs, "Role", "-hub", generatedRules(t, "config/rbac/hub/role.yaml"))
+		},
+	},
+}
+
+// TestKustomizeOverlays renders every overlay under config/overlays with the
+// pinned kustomize and applies the result with server-side dry-run to the
+// cluster it is for.
+func TestKustomizeOverlays(t *testing.T) {
+	dir := filepath.Join(environment.RepoRoot(), "config", "overlays")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		name := e.Name()
+		seen[name] = true
+		t.Run(name, func(t *testing.T) {
+			o, ok := overlays[name]
+			if !ok {
+				t.Fatalf("config/overlays/%s: add it to this test's overlays table (where it is applied, what it must hold)", name)
+			}
+			out, err := runTool(t, kustomizeTool, "build", filepath.Join("config", "overlays", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs, err := decode(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			target := spoke
+			if o.toHub {
+				target = hub
+			}
+			for _, ns := range o.namespaces {
+				ensureNamespace(t, target, ns)
+			}
+			for _, obj := range objs {
+				if err := applyDryRun(target, obj, ""); err != nil {
+					t.Error(err)
+				}
+			}
+			o.check(t, objs)
+		})
+	}
+	for name := range overlays {
+		if !seen[name] {
+			t.Errorf("overlay %s is in the test's table but not under config/overlays", name)
+		}
+	}
+}
+
+// checkNamespaceOnly: nothing cluster-scoped, so the credential reaches one namespace.
+func checkNamespaceOnly(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetNamespace() == "" {
+			t.Errorf("%s is cluster-scoped: a scoped provider's hub access must stay in the Cluster's namespace", describe(o))
+		}
+	}
+}
+
+// checkCRDs: the workload cluster gets the NodeClass CRD and Karpenter's.
+func checkCRDs(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	have := map[string]bool{}
+	for _, o := range find(objs, "CustomResourceDefinition") {
+		have[o.GetName()] = true
+	}
+	for _, want := range []string{
+		"clusterapinodeclasses.karpenter.cluster.x-k8s.io",
+		"nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "nodeoverlays.karpenter.sh",
+	} {
+		if !have[want] {
+			t.Errorf("CRD %s missing", want)
+		}
+	}
+}
