@@ -1,0 +1,153 @@
+// Command demo runs karpenter-clusterapi on an embedded hub and spoke with
+// simulated AWS (`make demo`): it starts the world of test/world, builds and
+// runs the provider binary against it as main.go runs, applies
+// examples/demo/, scales a workload up and down in a loop and shows what
+// Karpenter and Cluster API do, every 2 s, until Ctrl-C (or SIGTERM), which
+// stops every process it started.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/autonode/karpenter-clusterapi/test/environment"
+	"github.com/autonode/karpenter-clusterapi/test/world"
+)
+
+func main() {
+	dir := flag.String("dir", ".demo", "directory for the kubeconfigs, logs and the provider binary")
+	refresh := flag.Duration("refresh", 2*time.Second, "how often the table is redrawn")
+	flag.Parse()
+
+	// The first SIGINT or SIGTERM stops the demo cleanly; stop() restores the
+	// default handling, so a second one ends it at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }()
+	if err := run(ctx, *dir, *refresh, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) (err error) {
+	t0 := time.Now()
+	say := func(format string, args ...any) {
+		fmt.Fprintf(out, "[%5.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
+	}
+	root := environment.RepoRoot()
+	if dir, err = filepath.Abs(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		return err
+	}
+	if err := ensureEnvtestAssets(ctx, root, say); err != nil {
+		return interrupted(ctx, err)
+	}
+
+	logFile, err := os.Create(filepath.Join(dir, "world.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	log := zap.New(zap.WriteTo(logFile), zap.UseDevMode(true))
+	ctrl.SetLogger(log)
+
+	say("starting the world: hub and spoke API servers, Cluster API, simulated AWS and kubelet, kube-scheduler, kube-controller-manager")
+	say("building the provider binary (go build .) meanwhile")
+	built := make(chan error, 1)
+	bin := filepath.Join(dir, "bin", "karpenter-clusterapi")
+	go func() { built <- buildProvider(ctx, root, bin) }()
+	w, err := world.Start(ctx, world.Options{Logger: &log, ProvisionDelay: 3 * time.Second})
+	if err != nil {
+		<-built
+		return interrupted(ctx, err)
+	}
+	defer func() {
+		say("stopping the world (API servers, etcd, kube-scheduler, kube-controller-manager, controllers)")
+		if stopErr := w.Stop(); stopErr != nil {
+			err = errors.Join(err, fmt.Errorf("stopping the world: %w", stopErr))
+			return
+		}
+		say("stopped everything the demo started")
+	}()
+	say("world up: hub %s, spoke %s", w.Hub.Config.Host, w.Spoke.Config.Host)
+	kubeconfigs, err := copyKubeconfigs(w, dir)
+	if err != nil {
+		return err
+	}
+	if err := <-built; err != nil {
+		return interrupted(ctx, err)
+	}
+
+	p, err := startProvider(bin, w, filepath.Join(dir, "provider.log"))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		say("stopping the provider (pid %d)", p.pid())
+		p.stop()
+	}()
+	say("provider started: %s (log %s)", bin, p.logPath)
+
+	if err := applyManifests(ctx, w, filepath.Join(root, "examples", "demo")); err != nil {
+		return interrupted(ctx, err)
+	}
+	say("applied examples/demo/hub.yaml to the hub and examples/demo/workload.yaml to the spoke")
+
+	d := &demo{w: w, p: p, events: newEventLog(t0), t0: t0, kubeconfigs: kubeconfigs, worldLog: logFile.Name()}
+	fmt.Fprintf(out, "\n%s\n", d.usage())
+	go d.scaleLoop(ctx)
+	d.show(ctx, out, refresh)
+	fmt.Fprintln(out)
+	say("interrupted")
+	return nil
+}
+
+// demo is the running demo: the world, the provider and what was seen.
+type demo struct {
+	w           *world.World
+	p           *provider
+	events      *eventLog
+	latest      atomic.Pointer[snapshot]
+	t0          time.Time
+	kubeconfigs kubeconfigPaths
+	worldLog    string
+}
+
+// interrupted turns errors caused by Ctrl-C during the start into a clean stop.
+func interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+type kubeconfigPaths struct{ hub, spoke string }
+
+// copyKubeconfigs writes the world's kubeconfigs to dir, for kubectl.
+func copyKubeconfigs(w *world.World, dir string) (kubeconfigPaths, error) {
+	paths := kubeconfigPaths{hub: filepath.Join(dir, "hub.kubeconfig"), spoke: filepath.Join(dir, "spoke.kubeconfig")}
+	for src, dst := range map[string]string{w.HubKubeconfig: paths.hub, w.SpokeKubeconfig: paths.spoke} {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return paths, err
+		}
+		if err := os.WriteFile(dst, data, 0o600); err != nil {
+			return paths, err
+		}
+	}
+	return paths, nil
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/autonode/karpenter-clusterapi/test/world"
+)
+
+// buildProvider builds the provider binary from the repository, as `make build` does.
+func buildProvider(ctx context.Context, root, bin string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the provider: %w: %s", err, out)
+	}
+	return nil
+}
+
+// provider is the provider binary running against the world, in a process
+// group of its own that dies with the demo.
+type provider struct {
+	cmd         *exec.Cmd
+	logPath     string
+	metricsPort int
+	done        chan struct{}
+}
+
+// startProvider runs the provider as main.go runs in the topology where it
+// lives beside the workload cluster: the spoke's kubeconfig, the hub's, and
+// the Cluster's namespace and name.
+func startProvider(bin string, w *world.World, logPath string) (*provider, error) {
+	metrics, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	health, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin,
+		"--kubeconfig="+w.SpokeKubeconfig,
+		"--cluster-api-kubeconfig="+w.HubKubeconfig,
+		"--cluster-api-namespace="+w.Namespace,
+		"--cluster-api-cluster-name="+w.ClusterName,
+	)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(),
+		"DISABLE_LEADER_ELECTION=true",
+		fmt.Sprintf("METRICS_PORT=%d", metrics),
+		fmt.Sprintf("HEALTH_PROBE_PORT=%d", health),
+	)
+	// Its own process group: a Ctrl-C in the terminal reaches the demo, which
+	// stops the provider before the clusters it talks to.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return nil, fmt.Errorf("starting the provider: %w", err)
+	}
+	p := &provider{cmd: cmd, logPath: logPath, metricsPort: metrics, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		_ = logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *provider) pid() int { return p.cmd.Process.Pid }
+
+func (p *provider) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM to the provider's process group, SIGKILL after 20 s.
+func (p *provider) stop() {
+	_ = syscall.Kill(-p.pid(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// metrics returns the provider's Prometheus metrics text.
+func (p *provider) metrics(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", p.metricsPort), nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
