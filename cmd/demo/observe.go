@@ -251,7 +251,11 @@ func diff(prev, cur *snapshot, events *eventLog) {
 	for _, name := range sortedKeys(cur.NodeClaims) {
 		nc, old := cur.NodeClaims[name], prev.NodeClaims[name]
 		if _, existed := prev.NodeClaims[name]; !existed {
-			events.add("NodeClaim %s created for pending pods", name)
+			if cur.PodsPending > 0 {
+				events.add("NodeClaim %s created (%d pods pending)", name, cur.PodsPending)
+			} else {
+				events.add("NodeClaim %s created to replace a node", name)
+			}
 		}
 		if nc.Launched && !old.Launched {
 			events.add("NodeClaim %s launched: %s%s, Machine %s", name, nc.Offering, price(nc.Offering), nc.Machine)
