@@ -67,8 +67,16 @@ func ensureEnvtestAssets(ctx context.Context, root string, say func(string, ...a
 		case <-tick.C:
 			say("still building the envtest binaries, %s so far (last: %s)", time.Since(start).Round(time.Second), truncate(last, 80))
 		case <-ctx.Done():
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			_ = cmd.Wait()
+			// SIGTERM lets the script remove its work directory; SIGKILL if it lingers.
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				<-exited
+			}
 			return ctx.Err()
 		}
 	}

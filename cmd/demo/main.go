@@ -46,6 +46,14 @@ func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) 
 	say := func(format string, args ...any) {
 		fmt.Fprintf(out, "[%5.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
 	}
+	// An error caused by Ctrl-C during the start is a clean stop.
+	interrupted := func(err error) error {
+		if ctx.Err() != nil {
+			say("interrupted during the start")
+			return nil
+		}
+		return err
+	}
 	root := environment.RepoRoot()
 	if dir, err = filepath.Abs(dir); err != nil {
 		return err
@@ -54,7 +62,7 @@ func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) 
 		return err
 	}
 	if err := ensureEnvtestAssets(ctx, root, say); err != nil {
-		return interrupted(ctx, err)
+		return interrupted(err)
 	}
 
 	logFile, err := os.Create(filepath.Join(dir, "world.log"))
@@ -73,7 +81,7 @@ func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) 
 	w, err := world.Start(ctx, world.Options{Logger: &log, ProvisionDelay: 3 * time.Second})
 	if err != nil {
 		<-built
-		return interrupted(ctx, err)
+		return interrupted(err)
 	}
 	defer func() {
 		say("stopping the world (API servers, etcd, kube-scheduler, kube-controller-manager, controllers)")
@@ -89,7 +97,7 @@ func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) 
 		return err
 	}
 	if err := <-built; err != nil {
-		return interrupted(ctx, err)
+		return interrupted(err)
 	}
 
 	p, err := startProvider(bin, w, filepath.Join(dir, "provider.log"))
@@ -103,7 +111,7 @@ func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) 
 	say("provider started: %s (log %s)", bin, p.logPath)
 
 	if err := applyManifests(ctx, w, filepath.Join(root, "examples", "demo")); err != nil {
-		return interrupted(ctx, err)
+		return interrupted(err)
 	}
 	say("applied examples/demo/hub.yaml to the hub and examples/demo/workload.yaml to the spoke")
 
@@ -125,14 +133,6 @@ type demo struct {
 	t0          time.Time
 	kubeconfigs kubeconfigPaths
 	worldLog    string
-}
-
-// interrupted turns errors caused by Ctrl-C during the start into a clean stop.
-func interrupted(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
 type kubeconfigPaths struct{ hub, spoke string }
