@@ -31,10 +31,18 @@ func main() {
 	refresh := flag.Duration("refresh", 2*time.Second, "how often the table is redrawn")
 	flag.Parse()
 
-	// The first SIGINT or SIGTERM stops the demo cleanly; stop() restores the
-	// default handling, so a second one ends it at once.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() { <-ctx.Done(); stop() }()
+	// SIGINT or SIGTERM stops the demo and everything it started. A second
+	// one does not cut that short: it would leave API servers running.
+	ctx, cancel := context.WithCancel(context.Background())
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-signals
+		cancel()
+		for range signals {
+			fmt.Fprintln(os.Stderr, "demo: stopping everything it started, a few seconds more")
+		}
+	}()
 	if err := run(ctx, *dir, *refresh, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
