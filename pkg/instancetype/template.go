@@ -12,6 +12,7 @@ import (
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/capacity"
+	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
 )
 
 // TemplateOptions says where the nodes of an infrastructure template can run
@@ -28,6 +29,9 @@ type TemplateOptions struct {
 	// NodeLabels are added to every node (the NodeClass's Machine labels
 	// that Cluster API propagates to Nodes).
 	NodeLabels map[string]string
+	// Kubelet is the kubelet configuration the bootstrap gives the nodes
+	// (layer a NodeClass's spec.kubelet with Source.WithKubelet).
+	Kubelet kubelet.Config
 }
 
 // FromTemplate computes the Sources of one infrastructure template in
@@ -67,9 +71,7 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 	for k, v := range parsed.Resources {
 		base.Capacity[k] = v
 	}
-	if _, ok := base.Capacity[corev1.ResourcePods]; !ok {
-		base.Capacity[corev1.ResourcePods] = *resource.NewQuantity(DefaultMaxPods, resource.DecimalSI)
-	}
+	base.Kubelet = o.Kubelet
 
 	base.Name = base.NodeLabels[corev1.LabelInstanceTypeStable]
 	if base.Name == "" {
@@ -114,6 +116,7 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 		for _, ct := range capacityTypes {
 			s := base
 			s.Zone, s.CapacityType = zone, ct
+			s.Capacity = base.Capacity.DeepCopy()
 			s.Problems = nil
 			s.Price, s.PriceEstimated = price(nil, ann, s, func(format string, args ...any) {
 				s.Problems = append(s.Problems, what+": "+fmt.Sprintf(format, args...))

@@ -25,6 +25,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
 )
 
 // Catalogue resolves a Machine-mode NodeClass to instance types: one per
@@ -57,6 +58,9 @@ type Resolved struct {
 	Set *instancetype.Set
 	// Template is the version-resolved kind of the infrastructure templates.
 	Template schema.GroupVersionKind
+	// DriftHash changes whenever what a launch copies changes: the eligible
+	// templates' specs, the bootstrap settings and bootstrap template.
+	DriftHash string
 }
 
 // NewCatalogue returns a catalogue reading templates and Clusters from the
@@ -139,8 +143,20 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 	if err != nil {
 		return nil, err
 	}
-	spec, _ := json.Marshal(mt)
-	key := fmt.Sprintf("%s|%s|%d|%d|%d", spec, gvk, events.Load(), c.clustersVersion.Load(), c.unavailable.Version())
+	var bootstrapGVK schema.GroupVersionKind
+	var bootstrapEvents int64
+	if ref := mt.Bootstrap.ConfigRef; ref != nil {
+		if bootstrapGVK, err = ResolveKind(c.hub, ref.APIGroup, ref.Kind); err != nil {
+			return nil, fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate.bootstrap.configRef: %w", nc.Name, err)
+		}
+		counter, err := c.watchKind(ctx, bootstrapGVK)
+		if err != nil {
+			return nil, err
+		}
+		bootstrapEvents = counter.Load()
+	}
+	spec, _ := json.Marshal(nc.Spec)
+	key := fmt.Sprintf("%s|%s|%d|%d|%d|%d", spec, gvk, events.Load(), bootstrapEvents, c.clustersVersion.Load(), c.unavailable.Version())
 	c.mu.Lock()
 	if m, ok := c.memo[nc.Name]; ok && m.key == key {
 		c.mu.Unlock()
@@ -162,6 +178,12 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 	}
 	var sources []instancetype.Source
 	var problems []string
+	override, errs := kubelet.FromNodeClass(nc.Spec.Kubelet)
+	for _, e := range errs {
+		problems = append(problems, kubelet.Problem(e))
+	}
+	bootstraps := map[string]*bootstrapOf{} // by namespace
+	var hashes []string
 	for i := range list.Items {
 		t := &list.Items[i]
 		cluster, inScope, err := c.clusterOf(ctx, t)
@@ -172,12 +194,22 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 		if !inScope {
 			continue
 		}
+		b, ok := bootstraps[t.GetNamespace()]
+		if !ok {
+			b = c.bootstrap(ctx, mt, bootstrapGVK, t.GetNamespace())
+			bootstraps[t.GetNamespace()] = b
+			problems = append(problems, b.problems...)
+			hashes = append(hashes, t.GetNamespace()+"|bootstrap="+BootstrapHash(mt, b.template))
+		}
+		hashes = append(hashes, t.GetNamespace()+"/"+t.GetName()+"="+TemplateHash(t))
 		for _, s := range instancetype.FromTemplate(t, instancetype.TemplateOptions{
 			ClusterName: cluster.Name,
 			Zones:       failureDomains(cluster),
 			SpotCapable: spotCapable(gvk),
 			NodeLabels:  nodeLabels,
+			Kubelet:     b.kubelet,
 		}) {
+			s = s.WithKubelet(override)
 			if s.Err == nil && c.unavailable.Has(instancetype.OfferingKey{InstanceType: s.Name, Zone: s.Zone, CapacityType: s.CapacityType}) {
 				s.Available = false
 			}
@@ -186,7 +218,8 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 	}
 	set := instancetype.Build(sources)
 	set.Problems = append(problems, set.Problems...)
-	resolved := &Resolved{Set: set, Template: gvk}
+	sort.Strings(hashes)
+	resolved := &Resolved{Set: set, Template: gvk, DriftHash: hashOf(hashes)}
 	c.mu.Lock()
 	c.memo[nc.Name] = memo{key: key, resolved: resolved}
 	for _, list := range set.Origins {
@@ -205,6 +238,39 @@ func (c *Catalogue) Source(o Offering) (instancetype.Source, bool) {
 	defer c.mu.Unlock()
 	s, ok := c.launched[o]
 	return s, ok
+}
+
+// bootstrapOf is a NodeClass's bootstrap template in one namespace and the
+// kubelet settings it gives nodes.
+type bootstrapOf struct {
+	template *unstructured.Unstructured
+	kubelet  kubelet.Config
+	problems []string
+}
+
+// bootstrap reads the NodeClass's bootstrap template in a namespace. A
+// missing template is reported by the NodeClass status (and fails launches);
+// here it only means no kubelet settings.
+func (c *Catalogue) bootstrap(ctx context.Context, mt *v1alpha1.MachineTemplate, gvk schema.GroupVersionKind, namespace string) *bootstrapOf {
+	out := &bootstrapOf{}
+	ref := mt.Bootstrap.ConfigRef
+	if ref == nil {
+		return out
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	if err := c.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, u); err != nil {
+		return out
+	}
+	out.template = u
+	if gvk.Group == "bootstrap.cluster.x-k8s.io" && gvk.Kind == "KubeadmConfigTemplate" {
+		cfg, errs := kubelet.FromKubeadmConfigTemplate(u)
+		out.kubelet = cfg
+		for _, e := range errs {
+			out.problems = append(out.problems, fmt.Sprintf("%s %s/%s: %s", ref.Kind, namespace, ref.Name, kubelet.Problem(e)))
+		}
+	}
+	return out
 }
 
 // Forget drops the memo of a deleted NodeClass.

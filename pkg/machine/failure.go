@@ -40,7 +40,8 @@ func ReadLaunchFailure(u *unstructured.Unstructured) LaunchFailure {
 		return LaunchFailure{Failed: true, InsufficientCapacity: namesCapacity(text), Message: text}
 	}
 	for _, path := range [][]string{{"status", "conditions"}, {"status", "v1beta2", "conditions"}} {
-		conds, _, _ := unstructured.NestedSlice(u.Object, path...)
+		raw, _, _ := unstructured.NestedFieldNoCopy(u.Object, path...)
+		conds, _ := raw.([]any)
 		for _, c := range conds {
 			cm, ok := c.(map[string]any)
 			if !ok {

@@ -204,6 +204,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	if err != nil {
 		return nil, err
 	}
+	crashPoint(StepInfrastructure)
 	// cleanup removes what this call created when a later step cannot succeed.
 	cleanup := func(objs ...client.Object) {
 		for _, o := range objs {
@@ -241,6 +242,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		if createdConfig, err = p.ensure(ctx, config, claim); err != nil {
 			return nil, err
 		}
+		crashPoint(StepBootstrap)
 		bootstrap = clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{APIGroup: gvk.Group, Kind: config.GetKind(), Name: name}}
 	}
 
@@ -272,7 +274,10 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim {
 			return nil, fmt.Errorf("Machine %s/%s exists and is not NodeClaim %s's: not touching it", m.Namespace, m.Name, claim)
 		}
-	} else if p.Events != nil {
+		return m, nil
+	}
+	crashPoint(StepMachine)
+	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeNormal, "Launched", "Launched for NodeClaim %s: %s in %q (%s) from %s %s",
 			claim, src.Name, offering.Zone, offering.CapacityType, resolved.Template.Kind, offering.Template.Name)
 	}

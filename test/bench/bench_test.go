@@ -26,6 +26,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 )
@@ -111,7 +112,18 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cp = cloudprovider.New(spoke.GetClient(), store, managed, machinedeployment.NewProvider(h, managed, store))
+	catalogue, err := machine.NewCatalogue(ctx, h, machine.NewUnavailable(time.Minute, nil), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	lookup := hub.NewLookup(h, managed)
+	mm, err := machine.NewProvider(ctx, h, lookup, catalogue)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cp = cloudprovider.New(spoke.GetClient(), store, managed, lookup, machinedeployment.NewProvider(h, managed, store), mm)
 	nodePool = &karpv1.NodePool{Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
 		NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: "bench"},
 	}}}}

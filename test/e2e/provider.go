@@ -51,6 +51,11 @@ const suiteUnavailableTTL = 40 * time.Second
 // StartProvider starts the provider binary against the world, scoped to its
 // namespace and Cluster, with extra arguments.
 func StartProvider(bin string, w *world.World, logName string, extra ...string) (*Provider, error) {
+	return StartProviderWithEnv(bin, w, logName, nil, extra...)
+}
+
+// StartProviderWithEnv is StartProvider with extra environment variables.
+func StartProviderWithEnv(bin string, w *world.World, logName string, env []string, extra ...string) (*Provider, error) {
 	metrics, err := freePort()
 	if err != nil {
 		return nil, err
@@ -85,6 +90,7 @@ func StartProvider(bin string, w *world.World, logName string, extra ...string) 
 		// Short enough for a test to see an exhausted offering come back.
 		"UNAVAILABLE_OFFERINGS_TTL="+suiteUnavailableTTL.String(),
 	)
+	cmd.Env = append(cmd.Env, env...)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("starting the provider: %w", err)

@@ -115,7 +115,7 @@ func (w *World) startSpokeComponents(ctx context.Context) error {
 	// plays its part (not-ready taint removal, Node deletion via the CCM).
 	w.controllerManager, err = startProcess("kube-controller-manager", kcmBin, []string{
 		"--kubeconfig=" + w.SpokeKubeconfig,
-		"--controllers=deployment,replicaset,garbagecollector,podgc",
+		"--controllers=deployment,replicaset,garbagecollector,podgc,disruption",
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",

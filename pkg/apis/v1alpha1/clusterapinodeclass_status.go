@@ -35,6 +35,13 @@ type ClusterAPINodeClassStatus struct {
 	// +optional
 	// +listType=atomic
 	EstimatedPrices []string `json:"estimatedPrices,omitempty"`
+
+	// DriftHash changes whenever what new nodes are made from changes (in
+	// Machine mode: the eligible templates' specs and the bootstrap settings
+	// and template). Karpenter re-checks the NodeClass's nodes for drift
+	// when it changes.
+	// +optional
+	DriftHash string `json:"driftHash,omitempty"`
 }
 
 // StatusConditions returns the condition set; Ready follows its dependents.

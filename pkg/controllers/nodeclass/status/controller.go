@@ -40,6 +40,8 @@ type Resolution struct {
 	Problems []string
 	// EstimatedPrices are instance types priced by estimate.
 	EstimatedPrices []string
+	// DriftHash changes when what new nodes are made from changes.
+	DriftHash string
 }
 
 // Resolver resolves a NodeClass against the hub.
@@ -123,6 +125,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	nodeClass.Status.InstanceTypes = res.InstanceTypes
 	nodeClass.Status.InstanceTypeCount = int32(len(res.InstanceTypes))
 	nodeClass.Status.EstimatedPrices = res.EstimatedPrices
+	nodeClass.Status.DriftHash = res.DriftHash
 	if len(res.EstimatedPrices) > 0 {
 		conditions.SetFalse(v1alpha1.ConditionTypePricesConfigured, ReasonPricesEstimated, truncate(fmt.Sprintf(
 			"priced by a resource-based estimate: %s; set the annotations %s and %s on their MachineDeployments or infrastructure templates",

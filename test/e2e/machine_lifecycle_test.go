@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/machine"
+)
+
+// readyPods counts the app's Ready pods that are not terminating.
+func readyPods(ctx context.Context, app string) (int, error) {
+	pods := &corev1.PodList{}
+	if err := w.Spoke.Client.List(ctx, pods, client.MatchingLabels{"app": app}); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pods.Items {
+		if !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// Drift: the template the nodes were cloned from stops being eligible and a
+// new one takes its place; Karpenter replaces every node within the
+// NodePool's budget, and the PodDisruptionBudget is never broken.
+func TestMachineModeDriftReplacesNodesWithinBudgets(t *testing.T) {
+	ctx := context.Background()
+	machinePool(t, "drift", machinePoolOptions{Budget: "1"})
+	old := memberTemplate(t, "drift", "drift-v1", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+	workload(t, "drift", "drift-app", 3, "1500m", "", nil)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "drift-app"},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: &intstr.IntOrString{Type: intstr.Int, IntVal: 2},
+			Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"app": "drift-app"}},
+		},
+	}
+	if err := w.Spoke.Client.Create(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Spoke.Client.Delete(context.Background(), pdb) })
+	waitAppNodes(t, 4*time.Minute, "drift-app", 3)
+	err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		n, err := readyPods(ctx, "drift-app")
+		return n == 3, err
+	})
+	if err != nil {
+		t.Fatalf("3 Ready pods: %v", err)
+	}
+
+	// Watch the Ready pods while the nodes are replaced.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var mu sync.Mutex
+	lowest := 3
+	var watchDone sync.WaitGroup
+	watchDone.Add(1)
+	go func() {
+		defer watchDone.Done()
+		for watchCtx.Err() == nil {
+			if n, err := readyPods(watchCtx, "drift-app"); err == nil {
+				mu.Lock()
+				lowest = min(lowest, n)
+				mu.Unlock()
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+
+	memberTemplate(t, "drift", "drift-v2", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+	cur := old.DeepCopy()
+	if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(old), cur); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cur.DeepCopy())
+	delete(cur.Labels, v1alpha1.KarpenterMemberLabel)
+	if err := w.Hub.Client.Patch(ctx, cur, patch); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+
+	var last string
+	err = WaitFor(ctx, 4*time.Minute, func(ctx context.Context) (bool, error) {
+		ms, err := poolMachines(ctx, "drift")
+		if err != nil {
+			return false, err
+		}
+		onNew := 0
+		for _, m := range ms {
+			if o, err := machine.ParseOffering(m.Annotations[v1alpha1.OfferingAnnotation]); err == nil && o.Template.Name == "drift-v2" && m.DeletionTimestamp.IsZero() {
+				onNew++
+			}
+		}
+		ready, err := readyPods(ctx, "drift-app")
+		if err != nil {
+			return false, err
+		}
+		claims := &karpv1.NodeClaimList{}
+		if err := w.Spoke.Client.List(ctx, claims, client.MatchingLabels{karpv1.NodePoolLabelKey: "drift"}); err != nil {
+			return false, err
+		}
+		last = "machines=" + strconv.Itoa(len(ms)) + " onNew=" + strconv.Itoa(onNew) + " readyPods=" + strconv.Itoa(ready) + " nodeClaims=" + strconv.Itoa(len(claims.Items))
+		return len(ms) == 3 && onNew == 3 && ready == 3 && len(claims.Items) == 3, nil
+	})
+	stopWatch()
+	watchDone.Wait()
+	if err != nil {
+		logSpokeEvents(t, "drift")
+		t.Fatalf("nodes were not all replaced onto template drift-v2: %v (last %s)", err, last)
+	}
+	t.Logf("all nodes replaced onto the new template after %s", time.Since(start).Round(time.Second))
+	mu.Lock()
+	defer mu.Unlock()
+	if lowest < 2 {
+		t.Fatalf("Ready pods dropped to %d during the replacement; the PodDisruptionBudget asks for 2", lowest)
+	}
+}
+
+// A launch interrupted after each of its steps (infrastructure machine,
+// bootstrap config, Machine) resumes after a restart: exactly one Machine
+// per NodeClaim, and nothing left over.
+func TestMachineModeCrashAtEachLaunchStep(t *testing.T) {
+	ctx := context.Background()
+	if _, err := w.CreateKubeadmConfigTemplate(ctx, "crash-bootstrap", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{machine.StepInfrastructure, machine.StepBootstrap, machine.StepMachine} {
+		t.Run(step, func(t *testing.T) {
+			name := "crash-" + step
+			machinePool(t, name, machinePoolOptions{Bootstrap: &v1alpha1.Bootstrap{ConfigRef: &v1alpha1.TemplateReference{
+				APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfigTemplate", Name: "crash-bootstrap",
+			}}})
+			memberTemplate(t, name, name+"-m5", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+
+			provider.Kill()
+			crashing, err := StartProviderWithEnv(bin, w, "provider.log", []string{machine.CrashAfterEnv + "=" + step})
+			if err != nil {
+				t.Fatal(err)
+			}
+			provider = crashing
+			workload(t, name, name+"-app", 1, "1500m", "", nil)
+			if err := WaitFor(ctx, 2*time.Minute, func(context.Context) (bool, error) { return crashing.Exited(), nil }); err != nil {
+				t.Fatalf("the provider did not stop after the %s step: %v", step, err)
+			}
+			restarted, err := StartProvider(bin, w, "provider.log")
+			if err != nil {
+				t.Fatal(err)
+			}
+			provider = restarted
+
+			waitAppNodes(t, 4*time.Minute, name+"-app", 1)
+			ms, err := poolMachines(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ncs := &karpv1.NodeClaimList{}
+			if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: name}); err != nil {
+				t.Fatal(err)
+			}
+			if len(ms) != 1 || len(ncs.Items) != 1 {
+				t.Fatalf("want 1 Machine and 1 NodeClaim, got %d and %d", len(ms), len(ncs.Items))
+			}
+			if ms[0].Annotations[v1alpha1.NodeClaimAnnotation] != ncs.Items[0].Name {
+				t.Fatalf("Machine %s is bound to %q, the NodeClaim is %s", ms[0].Name, ms[0].Annotations[v1alpha1.NodeClaimAnnotation], ncs.Items[0].Name)
+			}
+			// Every infrastructure machine and bootstrap config the provider
+			// made belongs to a Machine.
+			err = WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+				n, err := managedLeftovers(ctx, awsMachineListGVK, bootstrapv1.GroupVersion.WithKind("KubeadmConfigList"))
+				return n == 0, err
+			})
+			if err != nil {
+				t.Fatalf("infrastructure machines or bootstrap configs without a Machine remain: %v", err)
+			}
+			cfgs := &bootstrapv1.KubeadmConfigList{}
+			if err := w.Hub.Client.List(ctx, cfgs, client.InNamespace(w.Namespace), client.MatchingLabels{v1alpha1.ManagedLabel: "true", clusterv1.ClusterNameLabel: w.ClusterName}); err != nil {
+				t.Fatal(err)
+			}
+			mine := 0
+			for _, c := range cfgs.Items {
+				if c.Annotations[v1alpha1.NodeClaimAnnotation] == ncs.Items[0].Name {
+					mine++
+				}
+			}
+			if mine != 1 {
+				t.Fatalf("want 1 KubeadmConfig for NodeClaim %s, got %d", ncs.Items[0].Name, mine)
+			}
+		})
+	}
+}
+
+// logSpokeEvents logs the workload cluster's events about objects whose name
+// starts with prefix, and Karpenter's disruption events, to explain a failure.
+func logSpokeEvents(t testing.TB, prefix string) {
+	t.Helper()
+	events := &corev1.EventList{}
+	if err := w.Spoke.Client.List(context.Background(), events); err != nil {
+		t.Logf("listing events: %v", err)
+		return
+	}
+	for _, e := range events.Items {
+		if strings.HasPrefix(e.InvolvedObject.Name, prefix) || strings.Contains(e.Reason, "Disrupt") {
+			t.Logf("event %s %s/%s: %s %s", e.Type, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
+}
