@@ -10,7 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -222,5 +224,85 @@ func logSpokeEvents(t testing.TB, prefix string) {
 		if strings.HasPrefix(e.InvolvedObject.Name, prefix) || strings.Contains(e.Reason, "Disrupt") {
 			t.Logf("event %s %s/%s: %s %s", e.Type, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
 		}
+	}
+}
+
+// Garbage collection in Machine mode: a Karpenter Machine whose NodeClaim is
+// gone is deleted after the grace period, and so is an infrastructure
+// machine the provider made for a launch that never got its Machine; a
+// Machine without the member label is never touched.
+func TestMachineModeGarbageCollection(t *testing.T) {
+	ctx := context.Background()
+	machinePool(t, "gc", machinePoolOptions{})
+	memberTemplate(t, "gc", "gc-m5", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+	offering := w.Namespace + "/gc-m5/us-east-1a/on-demand"
+	newMachine := func(name string, member bool) *clusterv1.Machine {
+		m := &clusterv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: w.Namespace, Name: name,
+				Labels: map[string]string{clusterv1.ClusterNameLabel: w.ClusterName, "pool": "gc"},
+				Annotations: map[string]string{
+					v1alpha1.NodeClaimAnnotation: "gc-vanished", v1alpha1.OfferingAnnotation: offering,
+					v1alpha1.InstanceTypeAnnotation: "m5.large",
+				},
+			},
+			Spec: clusterv1.MachineSpec{
+				ClusterName: w.ClusterName, Version: "v1.36.3", FailureDomain: "us-east-1a",
+				Bootstrap:         clusterv1.Bootstrap{DataSecretName: &w.BootstrapSecretName},
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachine", Name: name},
+			},
+		}
+		if member {
+			m.Labels[v1alpha1.KarpenterMemberLabel] = ""
+		}
+		if err := w.Hub.Client.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	orphan := newMachine("c1-gc-orphan", true)
+	foreign := newMachine("c1-gc-foreign", false)
+	t.Cleanup(func() { _ = w.Hub.Client.Delete(context.Background(), foreign) })
+
+	// A leftover: an infrastructure machine made for a NodeClaim that is
+	// gone, with no Machine.
+	leftover := &unstructured.Unstructured{}
+	leftover.SetGroupVersionKind(awsMachineListGVK.GroupVersion().WithKind("AWSMachine"))
+	leftover.SetNamespace(w.Namespace)
+	leftover.SetName("c1-gc-leftover")
+	leftover.SetLabels(map[string]string{v1alpha1.ManagedLabel: "true", clusterv1.ClusterNameLabel: w.ClusterName})
+	leftover.SetAnnotations(map[string]string{v1alpha1.NodeClaimAnnotation: "gc-vanished-too", v1alpha1.OfferingAnnotation: offering})
+	if err := unstructured.SetNestedField(leftover.Object, "m5.large", "spec", "instanceType"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Hub.Client.Create(ctx, leftover); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	gone := func(obj client.Object) (bool, error) {
+		err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, client.IgnoreNotFound(err)
+	}
+	if err := WaitFor(ctx, time.Duration(float64(machine.OrphanGrace)*1.5)+30*time.Second, func(context.Context) (bool, error) {
+		return gone(orphan)
+	}); err != nil {
+		t.Fatalf("the orphaned Machine was not deleted: %v", err)
+	}
+	if took := time.Since(start); took < machine.OrphanGrace {
+		t.Fatalf("the orphaned Machine was deleted after %s, before the grace period %s", took, machine.OrphanGrace)
+	}
+	t.Logf("orphaned Machine deleted after %s", time.Since(start).Round(time.Second))
+	if err := WaitFor(ctx, machine.LeftoverGrace+time.Minute, func(context.Context) (bool, error) {
+		return gone(leftover)
+	}); err != nil {
+		t.Fatalf("the leftover AWSMachine was not deleted: %v", err)
+	}
+	t.Logf("leftover AWSMachine deleted after %s", time.Since(start).Round(time.Second))
+	if ok, err := gone(foreign); err != nil || ok {
+		t.Fatalf("a Machine without the member label was deleted (gone=%v, err=%v)", ok, err)
 	}
 }
