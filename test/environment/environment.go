@@ -1,9 +1,19 @@
 package environment
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -22,11 +32,23 @@ type Cluster struct {
 	Env    *envtest.Environment
 	Config *rest.Config
 	Client client.Client
+
+	mu sync.Mutex
+	// apiServerArgs is the command line of the API server envtest started,
+	// kept by KillAPIServer for RestartAPIServer.
+	apiServerArgs []string
+	// restarted is the API server RestartAPIServer started, which envtest
+	// does not know about; Stop stops it.
+	restarted *exec.Cmd
+	// restartedDone is closed when restarted exits.
+	restartedDone chan struct{}
 }
 
 // Start starts an API server with the given CRDs installed. It needs
 // KUBEBUILDER_ASSETS (make test sets it; `make envtest` prints it).
-func Start(name string, crds []*apiextensionsv1.CustomResourceDefinition) (*Cluster, error) {
+// configure may change the environment before it starts, e.g. add API
+// server flags through env.ControlPlane.GetAPIServer().Configure().
+func Start(name string, crds []*apiextensionsv1.CustomResourceDefinition, configure ...func(*envtest.Environment)) (*Cluster, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, fmt.Errorf("KUBEBUILDER_ASSETS is not set: run the tests with 'make test', or export KUBEBUILDER_ASSETS=$(hack/envtest-bins.sh)")
 	}
@@ -34,6 +56,9 @@ func Start(name string, crds []*apiextensionsv1.CustomResourceDefinition) (*Clus
 		CRDs:                  crds,
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme.Scheme,
+	}
+	for _, f := range configure {
+		f(env)
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -49,12 +74,12 @@ func Start(name string, crds []*apiextensionsv1.CustomResourceDefinition) (*Clus
 }
 
 // StartHub starts a management cluster with the Cluster API and CAPA CRDs.
-func StartHub() (*Cluster, error) {
+func StartHub(configure ...func(*envtest.Environment)) (*Cluster, error) {
 	crds, err := HubCRDs()
 	if err != nil {
 		return nil, err
 	}
-	return Start("hub", crds)
+	return Start("hub", crds, configure...)
 }
 
 // StartSpoke starts a workload cluster with the Karpenter and NodeClass CRDs.
@@ -71,7 +96,180 @@ func (c *Cluster) Stop() error {
 	if c == nil || c.Env == nil {
 		return nil
 	}
-	return c.Env.Stop()
+	c.mu.Lock()
+	restarted, done := c.restarted, c.restartedDone
+	c.restarted = nil
+	c.mu.Unlock()
+	var errs []error
+	if restarted != nil {
+		// envtest's own process is gone; stop the one RestartAPIServer started
+		// as envtest would (SIGTERM, then SIGKILL after its stop timeout).
+		_ = restarted.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = restarted.Process.Kill()
+			<-done
+		}
+	}
+	// Stops etcd (and envtest's API server unless it was killed).
+	errs = append(errs, c.Env.Stop())
+	return errors.Join(errs...)
+}
+
+// KillAPIServer kills the API server process with SIGKILL, as a crash or a
+// lost machine would: clients see refused connections at once, whereas a
+// graceful stop waits up to a minute for them. etcd keeps running. Start it
+// again with RestartAPIServer.
+func (c *Cluster) KillAPIServer() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.restarted != nil {
+		if err := c.restarted.Process.Kill(); err != nil {
+			return fmt.Errorf("killing %s API server: %w", c.Name, err)
+		}
+		<-c.restartedDone
+		c.restarted = nil
+		return nil
+	}
+	if c.apiServerArgs != nil {
+		return fmt.Errorf("%s API server is not running", c.Name)
+	}
+	pid, args, err := c.findAPIServer()
+	if err != nil {
+		return err
+	}
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return err
+	}
+	if err := p.Kill(); err != nil {
+		return fmt.Errorf("killing %s API server (pid %d): %w", c.Name, pid, err)
+	}
+	// envtest waits for its child; wait until the process is gone.
+	deadline := time.Now().Add(10 * time.Second)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s API server (pid %d) still running 10s after SIGKILL", c.Name, pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.apiServerArgs = args
+	return nil
+}
+
+// RestartAPIServer starts the API server KillAPIServer killed again, with
+// the same command line: same address and port, certificates, users and
+// etcd. It returns once the API server is ready.
+func (c *Cluster) RestartAPIServer(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.apiServerArgs == nil || c.restarted != nil {
+		return fmt.Errorf("%s API server was not killed", c.Name)
+	}
+	cmd := exec.Command(c.apiServerArgs[0], c.apiServerArgs[1:]...)
+	// Die with the test process, like envtest's own processes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("restarting %s API server: %w", c.Name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	c.restarted, c.restartedDone = cmd, done
+
+	rc, err := rest.UnversionedRESTClientFor(rawRESTConfig(c.Config))
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-done:
+			c.restarted = nil
+			return fmt.Errorf("%s API server exited after its restart", c.Name)
+		default:
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := rc.Get().AbsPath("/readyz").DoRaw(rctx)
+		cancel()
+		if err == nil {
+			c.apiServerArgs = nil
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s API server to be ready after its restart: %w (last: %v)", c.Name, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func rawRESTConfig(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.GroupVersion = nil
+	cfg.APIPath = ""
+	cfg.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
+	return cfg
+}
+
+// findAPIServer finds this cluster's kube-apiserver among this process's
+// children by its secure port, and returns its pid and command line.
+func (c *Cluster) findAPIServer() (int, []string, error) {
+	u, err := url.Parse(c.Config.Host)
+	if err != nil {
+		return 0, nil, err
+	}
+	portFlag := "--secure-port=" + u.Port()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, nil, fmt.Errorf("finding %s API server: %w", c.Name, err)
+	}
+	me := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+		if filepath.Base(args[0]) != "kube-apiserver" || !slices.Contains(args, portFlag) || parentOf(pid) != me {
+			continue
+		}
+		return pid, args, nil
+	}
+	return 0, nil, fmt.Errorf("%s API server (%s) not found among the processes of pid %d", c.Name, portFlag, me)
+}
+
+func parentOf(pid int) int {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid ...; comm may contain spaces.
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
+}
+
+func processAlive(pid int) bool {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	// A zombie (Z) is dead: its parent has not reaped it yet.
+	return i >= 0 && !strings.HasPrefix(strings.TrimSpace(s[i+1:]), "Z")
 }
 
 // WriteKubeconfig writes a kubeconfig for this cluster into dir and returns its path.

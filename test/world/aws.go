@@ -45,8 +45,10 @@ type Instance struct {
 	LaunchTime time.Time
 	// RunningAt is when the instance leaves "pending".
 	RunningAt time.Time
-	// Namespace, AWSMachine and Machine name the hub objects it belongs to.
-	Namespace, AWSMachine, Machine string
+	// Namespace, AWSMachine and Machine name the hub objects it belongs to;
+	// ClusterName is the Machine's Cluster, whose workload cluster the
+	// instance joins.
+	Namespace, AWSMachine, Machine, ClusterName string
 	// UserData is the bootstrap data Secret's "value" at launch.
 	UserData []byte
 }
@@ -587,6 +589,7 @@ func (a *SimAWS) launch(ctx context.Context, am *infrav1.AWSMachine, machine *cl
 		Namespace:    am.Namespace,
 		AWSMachine:   am.Name,
 		Machine:      machine.Name,
+		ClusterName:  machine.Spec.ClusterName,
 		UserData:     append([]byte(nil), userData...),
 	}
 	in.ProviderID = fmt.Sprintf("aws:///%s/%s", zone, in.ID)

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -42,7 +43,8 @@ const (
 )
 
 // simKubelet plays the kubelet and the AWS cloud-controller-manager of every
-// simulated instance against the spoke:
+// simulated instance of one Cluster's Machines against its spoke (instances
+// of other Clusters are not its business):
 //   - registers a Node when an instance runs (once: like a real kubelet it
 //     does not re-register a Node someone deleted), with the cloud labels,
 //     providerID, bootstrap taints and labels, capacity and allocatable;
@@ -53,8 +55,9 @@ const (
 //   - deletes the Node when the instance is terminated (the CCM's node
 //     lifecycle controller).
 type simKubelet struct {
-	aws    *SimAWS
-	client client.Client
+	aws     *SimAWS
+	cluster types.NamespacedName
+	client  client.Client
 
 	mu         sync.Mutex
 	registered map[string]bool // Node names registered once
@@ -62,12 +65,22 @@ type simKubelet struct {
 	events     chan event.GenericEvent
 }
 
-func newSimKubelet(aws *SimAWS) *simKubelet {
-	k := &simKubelet{aws: aws, registered: map[string]bool{}, events: make(chan event.GenericEvent, 4096)}
+func newSimKubelet(aws *SimAWS, cluster types.NamespacedName) *simKubelet {
+	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, events: make(chan event.GenericEvent, 4096)}
 	aws.onInstanceChange(func(host string) {
 		k.events <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host}}}
 	})
 	return k
+}
+
+// instance returns the instance named by a Node name (hostname) when it
+// belongs to this kubelet's Cluster.
+func (k *simKubelet) instance(host string) (Instance, bool) {
+	in, ok := k.aws.instanceByHostname(host)
+	if !ok || in.Namespace != k.cluster.Namespace || in.ClusterName != k.cluster.Name {
+		return Instance{}, false
+	}
+	return in, true
 }
 
 func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
@@ -110,7 +123,10 @@ func (k *simKubelet) nodeToPods(ctx context.Context, o client.Object) []reconcil
 
 func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	name := req.Name
-	in, known := k.aws.instanceByHostname(name)
+	if in, ok := k.aws.instanceByHostname(name); ok && (in.Namespace != k.cluster.Namespace || in.ClusterName != k.cluster.Name) {
+		return reconcile.Result{}, nil // another Cluster's kubelet registers it
+	}
+	in, known := k.instance(name)
 	node := &corev1.Node{}
 	err := k.client.Get(ctx, client.ObjectKey{Name: name}, node)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -325,7 +341,7 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 	if pod.Spec.NodeName == "" {
 		return reconcile.Result{}, nil
 	}
-	in, known := k.aws.instanceByHostname(pod.Spec.NodeName)
+	in, known := k.instance(pod.Spec.NodeName)
 	if !known || in.State != infrav1.InstanceStateRunning {
 		return reconcile.Result{}, nil // not our Node, or its kubelet is gone
 	}

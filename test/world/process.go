@@ -82,8 +82,8 @@ func (p *process) stop(grace time.Duration) error {
 }
 
 // startSpokeComponents runs the real kube-scheduler and kube-controller-manager
-// against the spoke and waits until each has acted once.
-func (w *World) startSpokeComponents(ctx context.Context) error {
+// against a Cluster's spoke and waits until each has acted once.
+func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) error {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	bin := func(name string) (string, error) {
 		p := filepath.Join(assets, name)
@@ -100,12 +100,12 @@ func (w *World) startSpokeComponents(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.scheduler, err = startProcess("kube-scheduler", schedBin, []string{
-		"--kubeconfig=" + w.SpokeKubeconfig,
+	wc.scheduler, err = startProcess("kube-scheduler"+wc.logSuffix, schedBin, []string{
+		"--kubeconfig=" + wc.SpokeKubeconfig,
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--v=2",
-	}, filepath.Join(w.Dir, "kube-scheduler.log"))
+	}, filepath.Join(w.Dir, "kube-scheduler"+wc.logSuffix+".log"))
 	if err != nil {
 		return err
 	}
@@ -113,19 +113,19 @@ func (w *World) startSpokeComponents(ctx context.Context) error {
 	// references, e.g. ReplicaSets of deleted Deployments) and pod GC (Pods of
 	// deleted Nodes). No node-lifecycle controller: the simulated kubelet
 	// plays its part (not-ready taint removal, Node deletion via the CCM).
-	w.controllerManager, err = startProcess("kube-controller-manager", kcmBin, []string{
-		"--kubeconfig=" + w.SpokeKubeconfig,
+	wc.controllerManager, err = startProcess("kube-controller-manager"+wc.logSuffix, kcmBin, []string{
+		"--kubeconfig=" + wc.SpokeKubeconfig,
 		"--controllers=deployment,replicaset,garbagecollector,podgc,disruption",
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
 		"--concurrent-deployment-syncs=5",
 		"--v=1",
-	}, filepath.Join(w.Dir, "kube-controller-manager.log"))
+	}, filepath.Join(w.Dir, "kube-controller-manager"+wc.logSuffix+".log"))
 	if err != nil {
 		return err
 	}
-	return w.waitSpokeComponents(ctx)
+	return wc.waitSpokeComponents(ctx)
 }
 
 const systemNamespace = "world-system"
@@ -133,8 +133,8 @@ const systemNamespace = "world-system"
 // waitSpokeComponents proves both components work: the scheduler marks an
 // unschedulable probe Pod PodScheduled=False, and the controller manager
 // observes a probe Deployment of 0 replicas.
-func (w *World) waitSpokeComponents(ctx context.Context) error {
-	c := w.Spoke.Client
+func (wc *WorkloadCluster) waitSpokeComponents(ctx context.Context) error {
+	c := wc.Spoke.Client
 	if err := client.IgnoreAlreadyExists(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}})); err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func (w *World) waitSpokeComponents(ctx context.Context) error {
 		}
 	}
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		for _, p := range []*process{w.scheduler, w.controllerManager} {
+		for _, p := range []*process{wc.scheduler, wc.controllerManager} {
 			if p.exited() {
 				return false, fmt.Errorf("%s exited: %v (log: %s)", p.name, p.err, p.logPath)
 			}
@@ -183,7 +183,7 @@ func (w *World) waitSpokeComponents(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for kube-scheduler and kube-controller-manager (logs: %s, %s): %w",
-			w.scheduler.logPath, w.controllerManager.logPath, err)
+			wc.scheduler.logPath, wc.controllerManager.logPath, err)
 	}
 	for _, o := range []client.Object{pod, deploy} {
 		if err := c.Delete(ctx, o, client.GracePeriodSeconds(0), client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil && !apierrors.IsNotFound(err) {
@@ -193,9 +193,9 @@ func (w *World) waitSpokeComponents(ctx context.Context) error {
 	return nil
 }
 
-func (w *World) stopSpokeComponents() error {
+func (wc *WorkloadCluster) stopSpokeComponents() error {
 	var errs []error
-	for _, p := range []*process{w.scheduler, w.controllerManager} {
+	for _, p := range []*process{wc.scheduler, wc.controllerManager} {
 		if p != nil {
 			errs = append(errs, p.stop(10*time.Second))
 		}

@@ -33,6 +33,19 @@
 // CAPA. Pods must tolerate the bootstrap taints (karpenter.sh/unregistered by
 // default) unless something removes them.
 //
+// More Clusters: AddCluster adds a Cluster with a workload cluster of its
+// own (API server, kube-scheduler, kube-controller-manager, simulated
+// kubelet) in the same hub namespace; SimAWS runs every Cluster's instances
+// and each simulated kubelet registers only the instances of its Cluster's
+// Machines.
+//
+// Outages: StopHubAPIServer kills the hub's kube-apiserver (etcd keeps
+// running) and StartHubAPIServer starts it again on the same address; every
+// controller of the world retries meanwhile and resumes on its own.
+//
+// Audit: the hub's API server logs every request of users in AuditedGroup
+// to HubAuditLog (level Metadata), and nothing else.
+//
 // Logs: the Cluster API controllers, the simulators and webhooks log to
 // world.log in Dir; kube-scheduler and kube-controller-manager to their own
 // files there (LogFiles). Callers that want controller-runtime's global
@@ -57,6 +70,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -101,8 +115,15 @@ type Options struct {
 	WithoutWorkloadCRDs bool
 }
 
+// AuditedGroup is the group whose users' requests the hub's API server
+// writes to World.HubAuditLog: give a test's hub user this group to see
+// what it asked for.
+const AuditedGroup = "world.test:audited"
+
 // World is a running world. Stop it when done.
 type World struct {
+	// Hub is the management cluster; Spoke the workload cluster of the
+	// first Cluster, ClusterName.
 	Hub, Spoke *environment.Cluster
 	// Kubeconfig files of the hub and the spoke, usable by subprocesses and kubectl.
 	HubKubeconfig, SpokeKubeconfig string
@@ -114,15 +135,39 @@ type World struct {
 	Dir string
 	// KeepDir keeps Dir on Stop (set it when a test failed, to read the logs).
 	KeepDir bool
+	// HubAuditLog is the hub API server's audit log (JSON lines): the
+	// requests of users in AuditedGroup.
+	HubAuditLog string
 
-	hub               *hubManager
-	cancel            context.CancelFunc
-	managersDone      []chan error
+	hub          *hubManager
+	mctx         context.Context // the controllers' context
+	cancel       context.CancelFunc
+	log          logr.Logger
+	mu           sync.Mutex // guards managersDone and clusters
+	managersDone []chan error
+	// clusters are the Clusters with their spokes, the first one first.
+	clusters []*WorkloadCluster
+	logFile  *os.File
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// WorkloadCluster is a Cluster of the world, in the world's Namespace, and
+// its workload cluster.
+type WorkloadCluster struct {
+	// Name of the Cluster in the hub.
+	Name string
+	// Spoke is its workload cluster; SpokeKubeconfig a kubeconfig file of it.
+	Spoke           *environment.Cluster
+	SpokeKubeconfig string
+	// BootstrapSecretName is its bootstrap data Secret, "<cluster>-bootstrap".
+	BootstrapSecretName string
+
+	// logSuffix tells its scheduler's and controller manager's log files
+	// from the first Cluster's.
+	logSuffix         string
 	scheduler         *process
 	controllerManager *process
-	logFile           *os.File
-	stopOnce          sync.Once
-	stopErr           error
 }
 
 // Start starts a world. ctx bounds the start only; the world runs until Stop.
@@ -148,6 +193,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName,
 		BootstrapSecretName: o.ClusterName + "-bootstrap",
 		AWS:                 newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay),
+		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -169,6 +215,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		}
 		log = zap.New(zap.WriteTo(w.logFile), zap.UseDevMode(true))
 	}
+	w.log = log
 
 	t0 := time.Now()
 	phase := func(name string) {
@@ -193,11 +240,14 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	if w.SpokeKubeconfig, err = w.Spoke.WriteKubeconfig(dir); err != nil {
 		return w, err
 	}
+	first := &WorkloadCluster{Name: w.ClusterName, Spoke: w.Spoke, SpokeKubeconfig: w.SpokeKubeconfig, BootstrapSecretName: w.BootstrapSecretName}
+	w.clusters = append(w.clusters, first)
 
 	// Controllers: the hub's controller manager and the simulated kubelet.
 	mctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	mctx = ctrl.LoggerInto(mctx, log)
+	w.mctx = mctx
 	if w.hub, err = newHubManager(mctx, w.Hub.Config, log.WithName("capi")); err != nil {
 		return w, err
 	}
@@ -205,7 +255,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	if err != nil {
 		return w, err
 	}
-	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.AWS, log.WithName("kubelet"))
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.AWS, w.clusterKey(first), log.WithName("kubelet"))
 	if err != nil {
 		return w, err
 	}
@@ -214,9 +264,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		return w, err
 	}
 	for _, m := range []ctrl.Manager{w.hub.mgr, awsMgr, spokeMgr, bootMgr} {
-		done := make(chan error, 1)
-		w.managersDone = append(w.managersDone, done)
-		go func(m ctrl.Manager) { done <- m.Start(mctx) }(m)
+		w.startManager(m)
 	}
 	phase("managers started")
 	if err := w.hub.installWebhooks(ctx, w.Hub.Config); err != nil {
@@ -226,18 +274,31 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		return w, err
 	}
 	phase("webhooks active")
-	if err := w.createHubObjects(ctx); err != nil {
+	if err := w.createHubObjects(ctx, first); err != nil {
 		return w, err
 	}
-	if err := w.startSpokeComponents(ctx); err != nil {
+	if err := w.startSpokeComponents(ctx, first); err != nil {
 		return w, err
 	}
 	phase("scheduler and controller manager ready")
-	if err := w.waitClusterReady(ctx); err != nil {
+	if err := w.waitClusterReady(ctx, first.Name); err != nil {
 		return w, err
 	}
 	phase("cluster ready")
 	return w, nil
+}
+
+// startManager runs a controller manager until the world stops.
+func (w *World) startManager(m ctrl.Manager) {
+	done := make(chan error, 1)
+	w.mu.Lock()
+	w.managersDone = append(w.managersDone, done)
+	w.mu.Unlock()
+	go func() { done <- m.Start(w.mctx) }()
+}
+
+func (w *World) clusterKey(c *WorkloadCluster) types.NamespacedName {
+	return types.NamespacedName{Namespace: w.Namespace, Name: c.Name}
 }
 
 func (w *World) startAPIServers(workloadCRDs bool) error {
@@ -245,10 +306,14 @@ func (w *World) startAPIServers(workloadCRDs bool) error {
 	if !workloadCRDs {
 		startSpoke = func() (*environment.Cluster, error) { return environment.Start("spoke", nil) }
 	}
+	audit, err := w.auditConfiguration()
+	if err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	var hubErr, spokeErr error
 	wg.Add(2)
-	go func() { defer wg.Done(); w.Hub, hubErr = environment.StartHub() }()
+	go func() { defer wg.Done(); w.Hub, hubErr = environment.StartHub(audit) }()
 	go func() { defer wg.Done(); w.Spoke, spokeErr = startSpoke() }()
 	wg.Wait()
 	return errors.Join(hubErr, spokeErr)
@@ -278,7 +343,9 @@ func newAWSManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manager
 	return mgr, aws.setupWithManager(mgr)
 }
 
-func newSpokeManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manager, error) {
+// newSpokeManager runs the simulated kubelet of the Cluster's instances
+// against its workload cluster.
+func newSpokeManager(cfg *rest.Config, aws *SimAWS, cluster types.NamespacedName, log logr.Logger) (ctrl.Manager, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
@@ -293,7 +360,7 @@ func newSpokeManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manag
 	if err != nil {
 		return nil, err
 	}
-	return mgr, newSimKubelet(aws).setupWithManager(mgr)
+	return mgr, newSimKubelet(aws, cluster).setupWithManager(mgr)
 }
 
 // waitWebhooksActive waits until the hub's API server calls the defaulting
@@ -310,10 +377,12 @@ func (w *World) waitWebhooksActive(ctx context.Context) error {
 	})
 }
 
-func (w *World) createHubObjects(ctx context.Context) error {
+// createHubObjects creates a Cluster's objects in the hub: its Cluster,
+// AWSCluster, control plane, kubeconfig and bootstrap data Secrets.
+func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error {
 	c := w.Hub.Client
-	ns, name := w.Namespace, w.ClusterName
-	u, err := url.Parse(w.Spoke.Config.Host)
+	ns, name := w.Namespace, wc.Name
+	u, err := url.Parse(wc.Spoke.Config.Host)
 	if err != nil {
 		return err
 	}
@@ -328,11 +397,11 @@ func (w *World) createHubObjects(ctx context.Context) error {
 	if err := client.IgnoreAlreadyExists(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
 		return err
 	}
-	kubeconfig, err := environment.KubeconfigBytes(w.Spoke.Config, name)
+	kubeconfig, err := environment.KubeconfigBytes(wc.Spoke.Config, name)
 	if err != nil {
 		return err
 	}
-	boot, err := BootstrapSecret(ns, w.BootstrapSecretName, name, DefaultBootstrapData())
+	boot, err := BootstrapSecret(ns, wc.BootstrapSecretName, name, DefaultBootstrapData())
 	if err != nil {
 		return err
 	}
@@ -374,10 +443,10 @@ func (w *World) createHubObjects(ctx context.Context) error {
 
 // waitClusterReady waits until Cluster API sees the infrastructure
 // provisioned, the control plane initialized and the spoke reachable.
-func (w *World) waitClusterReady(ctx context.Context) error {
+func (w *World) waitClusterReady(ctx context.Context, name string) error {
 	cluster := &clusterv1.Cluster{}
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: w.ClusterName}, cluster); err != nil {
+		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: name}, cluster); err != nil {
 			return false, err
 		}
 		return conditions.IsTrue(cluster, clusterv1.ClusterInfrastructureReadyCondition) &&
@@ -385,7 +454,7 @@ func (w *World) waitClusterReady(ctx context.Context) error {
 			conditions.IsTrue(cluster, clusterv1.ClusterRemoteConnectionProbeCondition), nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for Cluster %s/%s to be ready (conditions %v): %w", w.Namespace, w.ClusterName, cluster.Status.Conditions, err)
+		return fmt.Errorf("waiting for Cluster %s/%s to be ready (conditions %v): %w", w.Namespace, name, cluster.Status.Conditions, err)
 	}
 	return nil
 }
@@ -408,7 +477,11 @@ func (w *World) CreateAWSMachineTemplate(ctx context.Context, name, instanceType
 // LogFiles returns the world's log files.
 func (w *World) LogFiles() []string {
 	var out []string
-	for _, f := range []string{"world.log", "kube-scheduler.log", "kube-controller-manager.log"} {
+	files := []string{"world.log"}
+	for _, c := range w.workloadClusters() {
+		files = append(files, "kube-scheduler"+c.logSuffix+".log", "kube-controller-manager"+c.logSuffix+".log")
+	}
+	for _, f := range files {
 		p := filepath.Join(w.Dir, f)
 		if _, err := os.Stat(p); err == nil {
 			out = append(out, p)
@@ -417,16 +490,88 @@ func (w *World) LogFiles() []string {
 	return out
 }
 
+func (w *World) workloadClusters() []*WorkloadCluster {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]*WorkloadCluster(nil), w.clusters...)
+}
+
+// AddCluster adds a Cluster name to the running world, in its Namespace,
+// with a workload cluster of its own: an API server with the Karpenter and
+// NodeClass CRDs, kube-scheduler, kube-controller-manager and a simulated
+// kubelet for the instances of the Cluster's Machines. In the hub it gets
+// what the first Cluster has (Cluster, AWSCluster, control plane,
+// "<name>-kubeconfig" and "<name>-bootstrap" Secrets); Cluster API's
+// ClusterCache reaches it through its kubeconfig Secret. It returns once
+// Cluster API sees the Cluster ready. Stop stops it with the world.
+func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, error) {
+	for _, c := range w.workloadClusters() {
+		if c.Name == name {
+			return nil, fmt.Errorf("the world has a Cluster %s already", name)
+		}
+	}
+	t0 := time.Now()
+	spoke, err := environment.StartSpoke()
+	if err != nil {
+		return nil, fmt.Errorf("adding Cluster %s: %w", name, err)
+	}
+	spoke.Name = "spoke-" + name
+	wc := &WorkloadCluster{Name: name, Spoke: spoke, BootstrapSecretName: name + "-bootstrap", logSuffix: "-" + name}
+	w.mu.Lock()
+	w.clusters = append(w.clusters, wc) // Stop stops it from now on
+	w.mu.Unlock()
+	if wc.SpokeKubeconfig, err = spoke.WriteKubeconfig(w.Dir); err != nil {
+		return nil, err
+	}
+	mgr, err := newSpokeManager(spoke.Config, w.AWS, w.clusterKey(wc), w.log.WithName("kubelet-"+name))
+	if err != nil {
+		return nil, err
+	}
+	w.startManager(mgr)
+	if err := w.createHubObjects(ctx, wc); err != nil {
+		return nil, fmt.Errorf("adding Cluster %s: %w", name, err)
+	}
+	if err := w.startSpokeComponents(ctx, wc); err != nil {
+		return nil, fmt.Errorf("adding Cluster %s: %w", name, err)
+	}
+	if err := w.waitClusterReady(ctx, name); err != nil {
+		return nil, err
+	}
+	w.log.WithName("world").Info("Cluster added", "cluster", name, "elapsed", time.Since(t0).Round(time.Millisecond).String())
+	return wc, nil
+}
+
+// StopHubAPIServer kills the hub's kube-apiserver (SIGKILL: a crash, no
+// graceful shutdown), leaving etcd, the controllers and the simulators
+// running: every client of the hub sees refused connections until
+// StartHubAPIServer.
+func (w *World) StopHubAPIServer() error {
+	return w.Hub.KillAPIServer()
+}
+
+// StartHubAPIServer starts the hub's kube-apiserver again on the same
+// address, with the same certificates, users, audit settings and etcd, and
+// returns once it is ready. Clients reconnect on their own.
+func (w *World) StartHubAPIServer(ctx context.Context) error {
+	return w.Hub.RestartAPIServer(ctx)
+}
+
 // Stop stops everything Start started, in reverse order, and waits for it:
 // the spoke's scheduler and controller manager (process groups), the
 // controllers, the API servers. Dir is removed unless KeepDir is set.
 func (w *World) Stop() error {
 	w.stopOnce.Do(func() {
 		var errs []error
-		errs = append(errs, w.stopSpokeComponents())
+		clusters := w.workloadClusters()
+		for _, c := range clusters {
+			errs = append(errs, c.stopSpokeComponents())
+		}
 		if w.cancel != nil {
 			w.cancel()
-			for _, done := range w.managersDone {
+			w.mu.Lock()
+			managersDone := append([]chan error(nil), w.managersDone...)
+			w.mu.Unlock()
+			for _, done := range managersDone {
 				select {
 				case err := <-done:
 					if err != nil && !errors.Is(err, context.Canceled) {
@@ -440,6 +585,11 @@ func (w *World) Stop() error {
 		if w.hub != nil {
 			w.hub.shutdownClusterCache()
 			errs = append(errs, w.hub.webhooks.Cleanup())
+		}
+		for _, c := range clusters {
+			if c.Spoke != w.Spoke {
+				errs = append(errs, c.Spoke.Stop())
+			}
 		}
 		if w.Spoke != nil {
 			errs = append(errs, w.Spoke.Stop())

@@ -65,7 +65,7 @@ func startWorld(t *testing.T) *world.World {
 // (a start costs several seconds); they use separate MachineDeployments.
 func TestWorld(t *testing.T) {
 	w := startWorld(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()
 	if _, err := w.CreateAWSMachineTemplate(ctx, "m5-large", "m5.large", false); err != nil {
 		t.Fatal(err)
@@ -74,6 +74,8 @@ func TestWorld(t *testing.T) {
 	t.Run("InsufficientCapacity", func(t *testing.T) { testInsufficientCapacity(ctx, t, w) })
 	t.Run("InstanceTerminatedBehindCAPIsBack", func(t *testing.T) { testTerminateInstance(ctx, t, w) })
 	t.Run("KubeadmBootstrapProvider", func(t *testing.T) { testKubeadmBootstrap(ctx, t, w) })
+	t.Run("HubAPIServerOutage", func(t *testing.T) { testHubOutage(ctx, t, w) })
+	t.Run("SecondCluster", func(t *testing.T) { testSecondCluster(ctx, t, w) })
 }
 
 func testTerminateInstance(ctx context.Context, t *testing.T, w *world.World) {
