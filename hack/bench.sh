@@ -74,6 +74,8 @@ END {
 	fig("List, 10,000 Machines",                                "List|ns/op",                         1e6,     "ms",   "<=", 20)
 	fig("GetInstanceTypes, 500 MachineDeployments, unchanged",  "GetInstanceTypes|ns/op",             1e6,     "ms",   "<=", 0.5)
 	fig("GetInstanceTypes after a change (full rebuild)",       "GetInstanceTypesAfterChange|ns/op",  1e6,     "ms",   "",   "")
+	fig("GetInstanceTypes, Machine mode, 100 templates, unchanged", "GetInstanceTypesMachineMode|ns/op", 1e6, "ms",   "<=", 0.5)
+	fig("GetInstanceTypes, Machine mode, after a change",       "GetInstanceTypesMachineModeAfterChange|ns/op", 1e6, "ms", "", "")
 	fig("launch latency added by the provider, p50",            "LaunchLatency|provider-p50-ms<=",    1,       "ms",   "<=", 100)
 	fig("launch latency added by the provider, p99",            "LaunchLatency|provider-p99-ms<=",    1,       "ms",   "<=", 500)
 	fig("launch end to end (hub providerID -> NodeClaim), p50", "LaunchLatency|end-to-end-p50-ms",    1,       "ms",   "",   "")

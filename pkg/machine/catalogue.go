@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -71,7 +72,18 @@ func NewCatalogue(ctx context.Context, h *hub.Hub, unavailable *Unavailable, not
 	if err != nil {
 		return nil, fmt.Errorf("getting the Cluster informer: %w", err)
 	}
-	if _, err := informer.AddEventHandler(c.counter(&c.clustersVersion)); err != nil {
+	// Cluster API updates a Cluster's status often; only its failure
+	// domains (and its existence) change what the catalogue resolves.
+	handler := c.counter(&c.clustersVersion)
+	bump := handler.AddFunc
+	handler.UpdateFunc = func(oldObj, newObj any) {
+		o, ok1 := oldObj.(*clusterv1.Cluster)
+		n, ok2 := newObj.(*clusterv1.Cluster)
+		if !ok1 || !ok2 || !slices.Equal(failureDomains(o), failureDomains(n)) {
+			bump(newObj)
+		}
+	}
+	if _, err := informer.AddEventHandler(handler); err != nil {
 		return nil, fmt.Errorf("watching Clusters: %w", err)
 	}
 	return c, nil

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes/scheme"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -36,13 +37,18 @@ const (
 	clusterName        = "c1"
 	machineCount       = 10000
 	machineDeployments = 500
+	// templates of the Machine-mode NodeClass: each offered in 3 zones,
+	// on-demand and spot.
+	templates = 100
 )
 
 var (
-	cp       *cloudprovider.CloudProvider
-	store    *instancetype.Store
-	nodePool *karpv1.NodePool
-	mdList   []*clusterv1.MachineDeployment
+	cp          *cloudprovider.CloudProvider
+	store       *instancetype.Store
+	nodePool    *karpv1.NodePool
+	nodePoolMM  *karpv1.NodePool
+	mdList      []*clusterv1.MachineDeployment
+	unavailable *machine.Unavailable
 )
 
 func TestMain(m *testing.M) {
@@ -112,7 +118,8 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	catalogue, err := machine.NewCatalogue(ctx, h, machine.NewUnavailable(time.Minute, nil), nil)
+	unavailable = machine.NewUnavailable(time.Hour, nil)
+	catalogue, err := machine.NewCatalogue(ctx, h, unavailable, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -127,6 +134,9 @@ func run(m *testing.M) int {
 	nodePool = &karpv1.NodePool{Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
 		NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: "bench"},
 	}}}}
+	nodePoolMM = &karpv1.NodePool{Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+		NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: "bench-mm"},
+	}}}}
 	return m.Run()
 }
 
@@ -138,6 +148,9 @@ func populate(ctx context.Context, hubClient, spokeClient client.Client) error {
 		ObjectMeta: metav1.ObjectMeta{Name: "bench"},
 		Spec:       v1alpha1.ClusterAPINodeClassSpec{ScalableResourceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "bench"}}},
 	}); err != nil {
+		return err
+	}
+	if err := populateTemplates(ctx, hubClient, spokeClient); err != nil {
 		return err
 	}
 	for i := 0; i < machineDeployments; i++ {
@@ -207,6 +220,58 @@ func populate(ctx context.Context, hubClient, spokeClient client.Client) error {
 	}
 }
 
+// populateTemplates creates the Cluster with three failure domains, the
+// Machine-mode NodeClass and its member AWSMachineTemplates.
+func populateTemplates(ctx context.Context, hubClient, spokeClient client.Client) error {
+	cluster := &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: clusterName},
+		Spec: clusterv1.ClusterSpec{
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "AWSCluster", Name: clusterName},
+		},
+	}
+	if err := hubClient.Create(ctx, cluster); err != nil {
+		return err
+	}
+	for _, z := range []string{"us-east-1a", "us-east-1b", "us-east-1c"} {
+		cluster.Status.FailureDomains = append(cluster.Status.FailureDomains, clusterv1.FailureDomain{Name: z})
+	}
+	if err := hubClient.Status().Update(ctx, cluster); err != nil {
+		return err
+	}
+	secret := "bootstrap"
+	if err := spokeClient.Create(ctx, &v1alpha1.ClusterAPINodeClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench-mm"},
+		Spec: v1alpha1.ClusterAPINodeClassSpec{MachineTemplate: &v1alpha1.MachineTemplate{
+			InfrastructureTemplates: v1alpha1.InfrastructureTemplates{
+				APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "AWSMachineTemplate",
+				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "bench-mm"}},
+			},
+			Bootstrap: v1alpha1.Bootstrap{DataSecretName: &secret},
+		}},
+	}); err != nil {
+		return err
+	}
+	for i := 0; i < templates; i++ {
+		t := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachineTemplate",
+			"spec": map[string]any{"template": map[string]any{"spec": map[string]any{"instanceType": fmt.Sprintf("type-%03d", i)}}},
+		}}
+		t.SetNamespace(namespace)
+		t.SetName(fmt.Sprintf("tmpl-%03d", i))
+		t.SetLabels(map[string]string{v1alpha1.KarpenterMemberLabel: "", "pool": "bench-mm", clusterv1.ClusterNameLabel: clusterName})
+		t.SetAnnotations(map[string]string{
+			"capacity.cluster-autoscaler.kubernetes.io/cpu":    fmt.Sprint(2 << (i % 5)),
+			"capacity.cluster-autoscaler.kubernetes.io/memory": fmt.Sprintf("%dGi", 8<<(i%5)),
+			v1alpha1.PriceAnnotation:                           fmt.Sprintf("0.%03d", 50+i),
+			v1alpha1.SpotPriceAnnotation:                       fmt.Sprintf("0.%03d", 20+i),
+		})
+		if err := hubClient.Create(ctx, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func waitFor(cond func() bool) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for !cond() {
@@ -267,6 +332,32 @@ func BenchmarkGetInstanceTypesAfterChange(b *testing.B) {
 		src.Replicas = int32(i) // a replica change
 		store.Put(src)
 		if its, err := cp.GetInstanceTypes(ctx, nodePool); err != nil || len(its) == 0 {
+			b.Fatalf("GetInstanceTypes: %d, %v", len(its), err)
+		}
+	}
+}
+
+// BenchmarkGetInstanceTypesMachineMode: a Machine-mode NodeClass over 100
+// templates (600 offerings), nothing changed since the last call.
+func BenchmarkGetInstanceTypesMachineMode(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		its, err := cp.GetInstanceTypes(ctx, nodePoolMM)
+		if err != nil || len(its) != templates {
+			b.Fatalf("GetInstanceTypes: %d, %v", len(its), err)
+		}
+	}
+}
+
+// BenchmarkGetInstanceTypesMachineModeAfterChange: the same, with an
+// offering marked unavailable before every call (a full rebuild).
+func BenchmarkGetInstanceTypesMachineModeAfterChange(b *testing.B) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		unavailable.Mark(instancetype.OfferingKey{InstanceType: fmt.Sprintf("type-%03d", i%templates), Zone: "us-east-1a", CapacityType: "spot"}, "bench")
+		if its, err := cp.GetInstanceTypes(ctx, nodePoolMM); err != nil || len(its) != templates {
 			b.Fatalf("GetInstanceTypes: %d, %v", len(its), err)
 		}
 	}
