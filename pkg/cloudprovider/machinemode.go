@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
@@ -14,13 +15,18 @@ import (
 
 // createMachine launches a standalone Machine for the NodeClaim (Machine mode).
 func (c *CloudProvider) createMachine(ctx context.Context, nodeClass *v1alpha1.ClusterAPINodeClass, nodeClaim *karpv1.NodeClaim) (*karpv1.NodeClaim, error) {
+	if nodeClaim.Annotations == nil {
+		nodeClaim.Annotations = map[string]string{}
+	}
 	var recorded *machine.Offering
 	if v := nodeClaim.Annotations[v1alpha1.OfferingAnnotation]; v != "" {
-		o, err := machine.ParseOffering(v)
-		if err != nil {
-			return nil, err
+		// A malformed record (edited by hand) is ignored: the launch resumes
+		// from what exists in the hub, or chooses again.
+		if o, err := machine.ParseOffering(v); err == nil {
+			recorded = &o
+		} else {
+			log.FromContext(ctx).Error(err, "ignoring the recorded offering", "NodeClaim", nodeClaim.Name)
 		}
-		recorded = &o
 	}
 	record := func(o machine.Offering) {
 		// Core persists this even when Create fails: a retry resumes.
