@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
@@ -23,8 +24,10 @@ type Hub struct {
 
 // New builds the hub's cache and client. The cache only ever holds objects in
 // scope: with a namespace set, informers watch that namespace alone (so a
-// namespaced Role suffices); with a cluster name set, Machines and
-// MachineDeployments are also filtered by the cluster-name label on the server.
+// namespaced Role suffices); with a cluster name set, Machines,
+// MachineSets and MachineDeployments are also filtered by the cluster-name
+// label on the server, and Clusters by name: another Cluster of a shared
+// namespace is never read.
 func New(cfg *rest.Config, scheme *runtime.Scheme, scope Scope) (*Hub, error) {
 	cacheOpts := cache.Options{Scheme: scheme}
 	if scope.Namespace != "" {
@@ -35,6 +38,7 @@ func New(cfg *rest.Config, scheme *runtime.Scheme, scope Scope) (*Hub, error) {
 			&clusterv1.Machine{}:           {Label: sel},
 			&clusterv1.MachineDeployment{}: {Label: sel},
 			&clusterv1.MachineSet{}:        {Label: sel},
+			&clusterv1.Cluster{}:           {Field: fields.OneTermEqualSelector("metadata.name", scope.ClusterName)},
 		}
 	}
 	c, err := cluster.New(cfg, func(o *cluster.Options) {

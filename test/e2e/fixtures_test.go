@@ -24,11 +24,18 @@ import (
 // MachineDeployments labelled pool=<name>, and removes them at the end.
 func pool(t testing.TB, name string) {
 	t.Helper()
+	poolIn(t, w.Spoke.Client, name, name)
+}
+
+// poolIn is pool in a workload cluster: NodeClass and NodePool name,
+// selecting MachineDeployments labelled pool=<selected>.
+func poolIn(t testing.TB, spoke client.Client, name, selected string) {
+	t.Helper()
 	ctx := context.Background()
 	nc := &v1alpha1.ClusterAPINodeClass{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: v1alpha1.ClusterAPINodeClassSpec{
-			ScalableResourceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
+			ScalableResourceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": selected}},
 		},
 	}
 	np := &karpv1.NodePool{
@@ -54,13 +61,13 @@ func pool(t testing.TB, name string) {
 		},
 	}
 	for _, o := range []client.Object{nc, np} {
-		if err := w.Spoke.Client.Create(ctx, o); err != nil {
+		if err := spoke.Create(ctx, o); err != nil {
 			t.Fatalf("creating %T %s: %v", o, name, err)
 		}
 	}
 	t.Cleanup(func() {
-		_ = w.Spoke.Client.Delete(ctx, np)
-		_ = w.Spoke.Client.Delete(ctx, nc)
+		_ = spoke.Delete(ctx, np)
+		_ = spoke.Delete(ctx, nc)
 	})
 }
 
@@ -68,12 +75,18 @@ func pool(t testing.TB, name string) {
 // Karpenter-member MachineDeployment of the pool at 0 replicas.
 func machineDeployment(t testing.TB, pool, name, instanceType, zone string, annotations map[string]string) *clusterv1.MachineDeployment {
 	t.Helper()
+	return machineDeploymentOf(t, w.ClusterName, pool, name, instanceType, zone, annotations)
+}
+
+// machineDeploymentOf is machineDeployment for a Cluster of the world.
+func machineDeploymentOf(t testing.TB, cluster, pool, name, instanceType, zone string, annotations map[string]string) *clusterv1.MachineDeployment {
+	t.Helper()
 	ctx := context.Background()
 	if _, err := w.CreateAWSMachineTemplate(ctx, name, instanceType, false); err != nil {
 		t.Fatalf("creating AWSMachineTemplate %s: %v", name, err)
 	}
 	md := environment.NewMachineDeployment(environment.MachineDeploymentOptions{
-		Namespace: w.Namespace, Name: name, ClusterName: w.ClusterName, Member: true,
+		Namespace: w.Namespace, Name: name, ClusterName: cluster, Member: true,
 		Labels: map[string]string{"pool": pool}, Annotations: annotations, FailureDomain: zone,
 	})
 	if err := w.Hub.Client.Create(ctx, md); err != nil {
@@ -84,6 +97,12 @@ func machineDeployment(t testing.TB, pool, name, instanceType, zone string, anno
 
 // deployment creates pods of the pool, each requesting cpu.
 func deployment(t testing.TB, pool, name string, replicas int32, cpu string) *appsv1.Deployment {
+	t.Helper()
+	return deploymentIn(t, w.Spoke.Client, pool, name, replicas, cpu)
+}
+
+// deploymentIn is deployment in a workload cluster.
+func deploymentIn(t testing.TB, spoke client.Client, pool, name string, replicas int32, cpu string) *appsv1.Deployment {
 	t.Helper()
 	labels := map[string]string{"app": name}
 	d := &appsv1.Deployment{
@@ -104,10 +123,10 @@ func deployment(t testing.TB, pool, name string, replicas int32, cpu string) *ap
 			},
 		},
 	}
-	if err := w.Spoke.Client.Create(context.Background(), d); err != nil {
+	if err := spoke.Create(context.Background(), d); err != nil {
 		t.Fatalf("creating Deployment %s: %v", name, err)
 	}
-	t.Cleanup(func() { _ = w.Spoke.Client.Delete(context.Background(), d) })
+	t.Cleanup(func() { _ = spoke.Delete(context.Background(), d) })
 	return d
 }
 

@@ -56,6 +56,17 @@ func StartProvider(bin string, w *world.World, logName string, extra ...string) 
 
 // StartProviderWithEnv is StartProvider with extra environment variables.
 func StartProviderWithEnv(bin string, w *world.World, logName string, env []string, extra ...string) (*Provider, error) {
+	return startProvider(bin, w, w.SpokeKubeconfig, w.ClusterName, logName, env, extra)
+}
+
+// StartProviderForCluster starts the provider binary for another Cluster of
+// the world (World.AddCluster): its workload cluster, scoped to the world's
+// namespace and that Cluster, with extra arguments.
+func StartProviderForCluster(bin string, w *world.World, c *world.WorkloadCluster, logName string, extra ...string) (*Provider, error) {
+	return startProvider(bin, w, c.SpokeKubeconfig, c.Name, logName, nil, extra)
+}
+
+func startProvider(bin string, w *world.World, spokeKubeconfig, clusterName, logName string, env, extra []string) (*Provider, error) {
 	metrics, err := freePort()
 	if err != nil {
 		return nil, err
@@ -65,10 +76,10 @@ func StartProviderWithEnv(bin string, w *world.World, logName string, env []stri
 		return nil, err
 	}
 	args := append([]string{
-		"--kubeconfig=" + w.SpokeKubeconfig,
+		"--kubeconfig=" + spokeKubeconfig,
 		"--cluster-api-kubeconfig=" + w.HubKubeconfig,
 		"--cluster-api-namespace=" + w.Namespace,
-		"--cluster-api-cluster-name=" + w.ClusterName,
+		"--cluster-api-cluster-name=" + clusterName,
 	}, extra...)
 	logPath := filepath.Join(w.Dir, logName)
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)

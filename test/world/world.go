@@ -490,6 +490,17 @@ func (w *World) LogFiles() []string {
 	return out
 }
 
+// Cluster returns the world's Cluster name (the first one or one AddCluster
+// added), or nil.
+func (w *World) Cluster(name string) *WorkloadCluster {
+	for _, c := range w.workloadClusters() {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
 func (w *World) workloadClusters() []*WorkloadCluster {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -505,10 +516,8 @@ func (w *World) workloadClusters() []*WorkloadCluster {
 // ClusterCache reaches it through its kubeconfig Secret. It returns once
 // Cluster API sees the Cluster ready. Stop stops it with the world.
 func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, error) {
-	for _, c := range w.workloadClusters() {
-		if c.Name == name {
-			return nil, fmt.Errorf("the world has a Cluster %s already", name)
-		}
+	if w.Cluster(name) != nil {
+		return nil, fmt.Errorf("the world has a Cluster %s already", name)
 	}
 	t0 := time.Now()
 	spoke, err := environment.StartSpoke()
