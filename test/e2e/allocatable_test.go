@@ -217,30 +217,7 @@ func setNodeClassKubelet(t *testing.T, name string, k *v1alpha1.KubeletConfigura
 // sizedDeployment creates pods of the pool with the given requests.
 func sizedDeployment(t *testing.T, pool, name string, replicas int32, requests corev1.ResourceList) *appsv1.Deployment {
 	t.Helper()
-	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					NodeSelector:                  map[string]string{karpv1.NodePoolLabelKey: pool},
-					TerminationGracePeriodSeconds: new(int64),
-					Containers: []corev1.Container{{
-						Name: "app", Image: "registry.k8s.io/pause:3.10",
-						Resources: corev1.ResourceRequirements{Requests: requests},
-					}},
-				},
-			},
-		},
-	}
-	if err := w.Spoke.Client.Create(context.Background(), d); err != nil {
-		t.Fatalf("creating Deployment %s: %v", name, err)
-	}
-	t.Cleanup(func() { _ = w.Spoke.Client.Delete(context.Background(), d) })
-	return d
+	return podDeployment(t, pool, name, replicas, requests, nil)
 }
 
 func mismatchEvents(ctx context.Context, nodeClaim string) ([]corev1.Event, error) {

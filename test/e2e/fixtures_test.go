@@ -98,11 +98,13 @@ func machineDeploymentOf(t testing.TB, cluster, pool, name, instanceType, zone s
 // deployment creates pods of the pool, each requesting cpu.
 func deployment(t testing.TB, pool, name string, replicas int32, cpu string) *appsv1.Deployment {
 	t.Helper()
-	return deploymentIn(t, w.Spoke.Client, pool, name, replicas, cpu)
+	return podDeployment(t, pool, name, replicas, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}, nil)
 }
 
-// deploymentIn is deployment in a workload cluster.
-func deploymentIn(t testing.TB, spoke client.Client, pool, name string, replicas int32, cpu string) *appsv1.Deployment {
+// podDeployment creates a Deployment of pause pods of the pool (node
+// selector karpenter.sh/nodepool) with the requests; mutate adjusts the pod
+// spec. It is deleted at the end of the test.
+func podDeployment(t testing.TB, pool, name string, replicas int32, requests corev1.ResourceList, mutate func(*corev1.PodSpec)) *appsv1.Deployment {
 	t.Helper()
 	labels := map[string]string{"app": name}
 	d := &appsv1.Deployment{
@@ -117,16 +119,19 @@ func deploymentIn(t testing.TB, spoke client.Client, pool, name string, replicas
 					TerminationGracePeriodSeconds: new(int64),
 					Containers: []corev1.Container{{
 						Name: "app", Image: "registry.k8s.io/pause:3.10",
-						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}},
+						Resources: corev1.ResourceRequirements{Requests: requests},
 					}},
 				},
 			},
 		},
 	}
-	if err := spoke.Create(context.Background(), d); err != nil {
+	if mutate != nil {
+		mutate(&d.Spec.Template.Spec)
+	}
+	if err := w.Spoke.Client.Create(context.Background(), d); err != nil {
 		t.Fatalf("creating Deployment %s: %v", name, err)
 	}
-	t.Cleanup(func() { _ = spoke.Delete(context.Background(), d) })
+	t.Cleanup(func() { _ = w.Spoke.Client.Delete(context.Background(), d) })
 	return d
 }
 

@@ -21,40 +21,14 @@ import (
 )
 
 // workload creates a Deployment of the pool whose pods request cpu and
-// memory; mutate adjusts the pod template.
+// memory; mutate adjusts the pod spec.
 func workload(t testing.TB, pool, name string, replicas int32, cpu, memory string, mutate func(*corev1.PodSpec)) *appsv1.Deployment {
 	t.Helper()
-	labels := map[string]string{"app": name}
 	requests := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}
 	if memory != "" {
 		requests[corev1.ResourceMemory] = resource.MustParse(memory)
 	}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					NodeSelector:                  map[string]string{karpv1.NodePoolLabelKey: pool},
-					TerminationGracePeriodSeconds: new(int64),
-					Containers: []corev1.Container{{
-						Name: "app", Image: "registry.k8s.io/pause:3.10",
-						Resources: corev1.ResourceRequirements{Requests: requests},
-					}},
-				},
-			},
-		},
-	}
-	if mutate != nil {
-		mutate(&d.Spec.Template.Spec)
-	}
-	if err := w.Spoke.Client.Create(context.Background(), d); err != nil {
-		t.Fatalf("creating Deployment %s: %v", name, err)
-	}
-	t.Cleanup(func() { _ = w.Spoke.Client.Delete(context.Background(), d) })
-	return d
+	return podDeployment(t, pool, name, replicas, requests, mutate)
 }
 
 // nodesOfApp returns the Nodes the running pods of an app are on.
