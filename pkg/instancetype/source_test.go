@@ -180,3 +180,24 @@ func TestReplicaChangesKeepTheMemoUnlessAMaxSizeIsSet(t *testing.T) {
 		t.Fatal("reaching the max size must rebuild and make the offering unavailable")
 	}
 }
+
+func TestStoreKeepsAnUnusableSourceWithoutPanicking(t *testing.T) {
+	bad := map[string]string{"capacity.cluster-autoscaler.kubernetes.io/cpu": "two"}
+	s := NewStore()
+	s.Put(FromMachineDeployment(md("bad", bad, "us-east-1a", 0), nil))
+	<-s.Changes()
+	// The same unusable MachineDeployment again (a resync): no change, no panic.
+	s.Put(FromMachineDeployment(md("bad", bad, "us-east-1a", 0), nil))
+	select {
+	case <-s.Changes():
+		t.Fatal("an unchanged unusable source must not signal a change")
+	default:
+	}
+	// Another error message is a change.
+	s.Put(FromMachineDeployment(md("bad", map[string]string{"capacity.cluster-autoscaler.kubernetes.io/cpu": "three"}, "us-east-1a", 0), nil))
+	select {
+	case <-s.Changes():
+	default:
+		t.Fatal("a new error must signal a change")
+	}
+}

@@ -87,11 +87,21 @@ func (s *Store) changed() {
 func (s *Store) Put(src Source) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.sources[src.Origin]; ok && equality.Semantic.DeepEqual(old, src) {
+	if old, ok := s.sources[src.Origin]; ok && sameSource(old, src) {
 		return // a resync or an unrelated event: keep the memo
 	}
 	s.sources[src.Origin] = src
 	s.changed()
+}
+
+// sameSource compares two sources; errors compare by message (reflection
+// cannot look into an error's unexported fields).
+func sameSource(a, b Source) bool {
+	if (a.Err == nil) != (b.Err == nil) || (a.Err != nil && a.Err.Error() != b.Err.Error()) {
+		return false
+	}
+	a.Err, b.Err = nil, nil
+	return equality.Semantic.DeepEqual(a, b)
 }
 
 // Delete forgets an origin.

@@ -87,6 +87,14 @@ func TestMachineModeTemplatesShapesAndZones(t *testing.T) {
 	workload(t, "mm", "mm-mem", 1, "1", "12Gi", nil)
 	workload(t, "mm", "mm-spread", 3, "1500m", "", func(s *corev1.PodSpec) {
 		s.NodeSelector[corev1.LabelArchStable] = "amd64"
+		// Keep kube-scheduler from putting a spread pod on the large-memory
+		// node before the memory pod gets there (Karpenter's nominations are
+		// hints): the memory pod would then need a second node.
+		s.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: corev1.LabelInstanceTypeStable, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"r5.large"}},
+			}}},
+		}}}
 		s.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
 			MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone, WhenUnsatisfiable: corev1.DoNotSchedule,
 			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "mm-spread"}},
