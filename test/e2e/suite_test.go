@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,6 +60,12 @@ func run(m *testing.M) int {
 	}
 	defer func() { provider.Stop() }()
 	code := m.Run()
+	if code == 0 && panicked(provider.LogPath) {
+		// controller-runtime recovers reconciler panics: a test can pass
+		// while the provider panicked on some object. It must never.
+		fmt.Fprintln(os.Stderr, "the provider panicked during the tests (\"Observed a panic\" in its log)")
+		code = 1
+	}
 	if code != 0 {
 		w.KeepDir = true
 		fmt.Fprintf(os.Stderr, "logs: provider %s; world %v\n", provider.LogPath, w.LogFiles())
@@ -67,6 +74,12 @@ func run(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// panicked reports whether the provider log records a recovered panic.
+func panicked(path string) bool {
+	data, err := os.ReadFile(path)
+	return err == nil && strings.Contains(string(data), "Observed a panic")
 }
 
 func dumpTail(path string, lines int) {
