@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -63,6 +64,11 @@ type Controller struct {
 	hubEvents, spokeEvents record.EventRecorder
 	// bootstrapWatched is true when KubeadmConfigTemplate changes are watched.
 	bootstrapWatched bool
+	// debts tracks owned replicas that disagree with the NodeClaims.
+	debts debts
+	// templates remembers each MachineDeployment's rollout fields, to wake
+	// the NodeClass status (and with it drift) when they change.
+	templates sync.Map // types.NamespacedName -> string
 }
 
 // NewController returns the controller. It also primes the provider's
@@ -193,6 +199,8 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := h.GetCache().Get(ctx, req.NamespacedName, md); err != nil {
 		if apierrors.IsNotFound(err) {
 			c.provider.store.Delete(req.NamespacedName)
+			c.templates.Delete(req.NamespacedName)
+			c.debts.clear(req.NamespacedName)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
@@ -200,6 +208,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	_, member := md.Labels[v1alpha1.KarpenterMemberLabel]
 	if !member || !h.Scope.Contains(md, md.Spec.ClusterName) {
 		c.provider.store.Delete(req.NamespacedName)
+		c.templates.Delete(req.NamespacedName)
 		return reconcile.Result{}, nil
 	}
 	template, typed, err := c.infraTemplate(ctx, md)
@@ -214,6 +223,11 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		typed = false // its changes are not watched: look again later
 	}
 	c.provider.store.Put(instancetype.FromMachineDeploymentTemplates(md, template, bootstrap))
+	// A new template may yield the same instance type (no store change):
+	// wake the NodeClass status anyway, its driftHash changes.
+	if rk := rolloutKey(md); func() bool { old, ok := c.templates.Swap(req.NamespacedName, rk); return !ok || old != rk }() {
+		c.provider.store.Notify()
+	}
 
 	requeue, err := c.reconcileBindings(ctx, md)
 	if err != nil {
@@ -278,9 +292,10 @@ func (c *Controller) bootstrapTemplate(ctx context.Context, md *clusterv1.Machin
 }
 
 // reconcileBindings binds new Machines to pending NodeClaims, drops pending
-// entries that are bound, forgets released Machines that are gone, and gives
-// back what belongs to NodeClaims that no longer exist. It returns when to
-// look again.
+// entries that are bound, forgets released Machines that are gone, gives
+// back what belongs to NodeClaims that no longer exist, and settles owned
+// replicas that no NodeClaim uses (see OwnedReplicasAnnotation). It returns
+// when to look again.
 func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.MachineDeployment) (time.Duration, error) {
 	p := c.provider
 	key := client.ObjectKeyFromObject(md)
@@ -288,14 +303,23 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 	if err != nil {
 		return 0, err
 	}
+	pendingCount := int32(len(pending))
 	released, err := hub.ReleasedMachines(md)
 	if err != nil {
 		return 0, err
+	}
+	owned, hasOwned, ownedErr := ownedReplicas(md)
+	if ownedErr != nil {
+		log.FromContext(ctx).Error(ownedErr, "counting the owned replicas again", "MachineDeployment", key)
 	}
 	machines := &clusterv1.MachineList{}
 	if err := p.hub.GetCache().List(ctx, machines, client.InNamespace(md.Namespace),
 		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
 		return 0, fmt.Errorf("listing Machines of MachineDeployment %s: %w", key, err)
+	}
+	newest, err := c.newestMachineSet(ctx, md)
+	if err != nil {
+		return 0, err
 	}
 	now := p.now()
 	var ops []*op
@@ -314,6 +338,12 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			oldestCleanup = since
 		}
 	}
+
+	recentlyBound := func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) }
+	use := measure(machines.Items, released, newest, recentlyBound)
+	// debt > 0: owned replicas no NodeClaim uses (a Karpenter Machine was
+	// deleted by someone else); < 0: NodeClaims hold more than is counted.
+	debt := owned - use.bound - pendingCount
 
 	existing := map[string]bool{}
 	var candidates []*clusterv1.Machine
@@ -342,7 +372,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 		_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
 		_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
-		if !member && !marked && m.DeletionTimestamp.IsZero() && !p.recent.machineBound(m.Namespace+"/"+m.Name) {
+		if !member && !marked && m.DeletionTimestamp.IsZero() && !recentlyBound(m) {
 			candidates = append(candidates, m)
 		}
 	}
@@ -366,6 +396,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 	sort.Slice(candidates, func(i, j int) bool {
 		return candidates[i].CreationTimestamp.Before(&candidates[j].CreationTimestamp)
 	})
+	taken := map[string]bool{} // Machines bound or given back in this pass
 	for _, claim := range claims {
 		since := pending[claim]
 		// A Machine bound elsewhere (another MachineSet, or a race) settles
@@ -387,15 +418,30 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 		if gone {
 			log.FromContext(ctx).Info("giving back replica of a NodeClaim that is gone", "MachineDeployment", key, "NodeClaim", claim)
+			// The Machine raised for it may exist already: mark it, or
+			// the MachineSet would pick one by its own deletion order,
+			// possibly a bound one.
+			if victim := pickVictim(use.victims, taken, since.Add(-bindSkew)); victim != nil {
+				if err := p.markSpare(ctx, victim); err != nil {
+					return 0, err
+				}
+				taken[victim.Name] = true
+			}
 			c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaGivenBack", fmt.Sprintf("NodeClaim %s is gone before a Machine was bound to it: replica given back", claim))
 			ops = append(ops, &op{kind: opGiveBack, name: claim})
 			metrics.OrphansReleased.WithLabelValues("replica").Inc()
 			p.inflight.Delete(claim)
 			continue
 		}
+		// Machines raised for NodeClaims come after them; while a replica
+		// is spare (its Machine was taken away), any unbound Machine may
+		// stand in for it.
 		idx := -1
 		for i, m := range candidates {
-			if !m.CreationTimestamp.Time.Before(since.Add(-bindSkew)) {
+			if taken[m.Name] {
+				continue
+			}
+			if debt > 0 || !m.CreationTimestamp.Time.Before(since.Add(-bindSkew)) {
 				idx = i
 				break
 			}
@@ -413,8 +459,25 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			}
 			return 0, err
 		}
+		taken[m.Name] = true
 		cleanup(&op{kind: opBound, name: claim}, since)
 	}
+
+	if len(ops) == 0 {
+		settle, wait, err := c.settleOwned(ctx, md, owned, hasOwned, debt, use, taken, now)
+		if err != nil {
+			return 0, err
+		}
+		if wait > 0 {
+			later(wait)
+		}
+		if settle != nil {
+			ops = append(ops, settle)
+		}
+	} else if debt != 0 {
+		later(time.Second) // settle once the counting writes are in
+	}
+
 	// Bookkeeping that changes no count rides along with the next counting
 	// write, or goes alone once it is cleanupDelay old: a burst then costs
 	// the MachineDeployment a few writes, not one per bound Machine.
@@ -431,6 +494,76 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 	}
 	return requeue, nil
+}
+
+// settleOwned decides what to do about owned replicas no NodeClaim uses
+// (debt > 0) or NodeClaims holding more than is counted (debt < 0), once
+// that has lasted OrphanGrace: give a spare replica back with an unbound
+// Machine, forget it when someone else lowered the replicas already, or
+// count again. It returns the op to apply (or nil) and when to look again.
+func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeployment, owned int32, hasOwned bool, debt int32, use usage, taken map[string]bool, now time.Time) (*op, time.Duration, error) {
+	key := client.ObjectKeyFromObject(md)
+	if !hasOwned {
+		return &op{kind: opSetOwned, bound: use.bound, expect: -1}, 0, nil
+	}
+	if debt == 0 {
+		c.debts.clear(key)
+		return nil, 0, nil
+	}
+	since := c.debts.observe(key, debt > 0, now)
+	if wait := OrphanGrace - now.Sub(since); wait > 0 {
+		return nil, wait, nil
+	}
+	if debt < 0 {
+		log.FromContext(ctx).Info("counting owned replicas again", "MachineDeployment", key, "owned", owned, "bound", use.bound)
+		return &op{kind: opSetOwned, bound: use.bound, expect: owned}, time.Second, nil
+	}
+	if victim := pickVictim(use.victims, taken, time.Time{}); victim != nil {
+		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)
+		if err := c.provider.markSpare(ctx, victim); err != nil {
+			return nil, 0, err
+		}
+		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
+			fmt.Sprintf("a Karpenter Machine was deleted by someone else and no NodeClaim took its replica: given back with Machine %s", victim.Name))
+		metrics.OrphansReleased.WithLabelValues("spare").Inc()
+		return &op{kind: opSpare, expect: owned}, time.Second, nil
+	}
+	replicas := int32(0)
+	if md.Spec.Replicas != nil {
+		replicas = *md.Spec.Replicas
+	}
+	if replicas > use.live {
+		// The MachineSet has yet to create the Machine that fills it.
+		return nil, 5 * time.Second, nil
+	}
+	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key)
+	return &op{kind: opForgive, expect: owned}, time.Second, nil
+}
+
+// pickVictim returns the first victim not taken and created at or after
+// after (zero: any), or nil.
+func pickVictim(victims []*clusterv1.Machine, taken map[string]bool, after time.Time) *clusterv1.Machine {
+	for _, m := range victims {
+		if taken[m.Name] || (!after.IsZero() && m.CreationTimestamp.Time.Before(after)) {
+			continue
+		}
+		return m
+	}
+	return nil
+}
+
+// newestMachineSet returns the name of the MachineDeployment's MachineSet
+// whose template matches the MachineDeployment's (as Cluster API decides
+// it), or "" when there is none yet.
+func (c *Controller) newestMachineSet(ctx context.Context, md *clusterv1.MachineDeployment) (string, error) {
+	ms, err := c.provider.machineSets(ctx, md)
+	if err != nil {
+		return "", err
+	}
+	if newest := newestOf(md, ms); newest != nil {
+		return newest.Name, nil
+	}
+	return "", nil
 }
 
 // eventSource is the component name on the provider's events.
@@ -462,6 +595,7 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 		return fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
 	}
 	c.provider.recent.add(claim, m.Namespace+"/"+m.Name, c.provider.now())
+	crashPoint(StepBind)
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 	c.provider.waiters.Notify(claim)
 	c.event(c.hubEvents, m, corev1.EventTypeNormal, "Bound", "bound to NodeClaim "+claim)

@@ -105,11 +105,13 @@ func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.Names
 				}
 				origin = &src.Origin
 				record(src.Origin)
+				crashPoint(StepChoose)
 			}
 			if err := p.scaler.Apply(ctx, *origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
 				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
 			}
 			p.inflight.Store(claim, *origin)
+			crashPoint(StepReserve)
 		}
 	}
 	return p.waitForProviderID(ctx, claim)
@@ -149,6 +151,7 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				if !wokeAt.IsZero() {
 					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
 				}
+				crashPoint(StepLaunched)
 				return m, nil
 			}
 		}
@@ -202,6 +205,7 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 	if err := p.scaler.Apply(ctx, types.NamespacedName{Namespace: m.Namespace, Name: mdName}, &op{kind: opRelease, name: m.Name}); err != nil {
 		return err
 	}
+	crashPoint(StepRelease)
 	if p.Events != nil {
 		p.Events.Event(m, corev1.EventTypeNormal, "Released", "NodeClaim "+claim+" deleted: marked for deletion and its replica given back")
 	}
@@ -225,6 +229,7 @@ func (p *Provider) markForDeletion(ctx context.Context, m *clusterv1.Machine) er
 		}
 		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
 	}
+	crashPoint(StepMark)
 	return nil
 }
 
@@ -236,7 +241,11 @@ func (p *Provider) giveBack(ctx context.Context, claim string) error {
 	}
 	keys := map[types.NamespacedName]bool{}
 	for i := range mds.Items {
-		keys[client.ObjectKeyFromObject(&mds.Items[i])] = true
+		md := &mds.Items[i]
+		keys[client.ObjectKeyFromObject(md)] = true
+		if err := p.markGiveBackVictim(ctx, md, claim); err != nil {
+			return err
+		}
 	}
 	if v, ok := p.inflight.Load(claim); ok {
 		keys[v.(types.NamespacedName)] = true
@@ -248,6 +257,66 @@ func (p *Provider) giveBack(ctx context.Context, claim string) error {
 	}
 	p.inflight.Delete(claim)
 	return nil
+}
+
+// markGiveBackVictim marks the unbound Machine that the replica raised for
+// claim on md may already have made, so that giving the replica back
+// removes that Machine and not one the MachineSet picks by its own order.
+func (p *Provider) markGiveBackVictim(ctx context.Context, md *clusterv1.MachineDeployment, claim string) error {
+	pending, err := hub.PendingNodeClaims(md)
+	if err != nil {
+		return err
+	}
+	since, ok := pending[claim]
+	if !ok {
+		return nil
+	}
+	machines := &clusterv1.MachineList{}
+	if err := p.hub.GetCache().List(ctx, machines, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		return fmt.Errorf("listing Machines of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
+	}
+	released, _ := hub.ReleasedMachines(md)
+	sets, err := p.machineSets(ctx, md)
+	if err != nil {
+		return err
+	}
+	newest := ""
+	if ms := newestOf(md, sets); ms != nil {
+		newest = ms.Name
+	}
+	use := measure(machines.Items, released, newest, func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) })
+	if victim := pickVictim(use.victims, nil, since.Add(-bindSkew)); victim != nil {
+		return p.markSpare(ctx, victim)
+	}
+	return nil
+}
+
+// markSpare marks an unbound Machine for deletion, to give a replica back
+// with it (see spareMark).
+func (p *Provider) markSpare(ctx context.Context, m *clusterv1.Machine) error {
+	if spareMarked(m) {
+		return nil
+	}
+	patch := client.MergeFrom(m.DeepCopy())
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.DeleteMachineAnnotation] = spareMark
+	if err := p.hub.GetClient().Patch(ctx, m, patch); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
+	}
+	return nil
+}
+
+// machineSets lists the MachineSets of a MachineDeployment from the cache.
+func (p *Provider) machineSets(ctx context.Context, md *clusterv1.MachineDeployment) ([]clusterv1.MachineSet, error) {
+	list := &clusterv1.MachineSetList{}
+	if err := p.hub.GetCache().List(ctx, list, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		return nil, fmt.Errorf("listing MachineSets of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
+	}
+	return list.Items, nil
 }
 
 func newObservedScaler(h *hub.Hub) *Scaler {

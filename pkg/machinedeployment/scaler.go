@@ -19,9 +19,16 @@ import (
 // replicas only when the entry actually changes, so a retried, repeated or
 // resumed op never counts twice.
 type op struct {
-	kind    opKind
-	name    string // NodeClaim or Machine name
-	since   time.Time
+	kind  opKind
+	name  string // NodeClaim or Machine name
+	since time.Time
+	// bound is the number of bound Machines an opSetOwned counts.
+	bound int32
+	// expect is the owned-replicas count an opSetOwned, opSpare or
+	// opForgive was decided on: it applies only while the count is still
+	// that (-1 for opSetOwned: only while there is no count), so that a
+	// decision made on a stale read is never applied twice.
+	expect  int32
 	applied chan error
 }
 
@@ -38,6 +45,14 @@ const (
 	opRelease
 	// opForget drops a released Machine that is gone.
 	opForget
+	// opSetOwned sets the owned-replicas count to bound + pending.
+	opSetOwned
+	// opSpare gives back an owned replica no NodeClaim uses (its Machine
+	// was deleted by someone else): replicas and owned minus one.
+	opSpare
+	// opForgive drops an owned replica someone else already took away
+	// (lowered replicas): owned minus one, replicas unchanged.
+	opForgive
 )
 
 // Scaler applies ops to MachineDeployments. Ops for one MachineDeployment
@@ -165,6 +180,9 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// A malformed count reads as none: the controller sets it again.
+	owned, hasOwned, _ := ownedReplicas(md)
+	ownedBefore, hadOwned := owned, hasOwned
 	replicas := int32(0)
 	if md.Spec.Replicas != nil {
 		replicas = *md.Spec.Replicas
@@ -177,6 +195,7 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 			if _, ok := pending[o.name]; !ok {
 				pending[o.name] = o.since.UTC().Truncate(time.Second)
 				replicas++
+				owned++
 				changed = true
 			}
 		case opBound:
@@ -188,17 +207,35 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 			if _, ok := pending[o.name]; ok {
 				delete(pending, o.name)
 				replicas = max(replicas-1, 0)
+				owned--
 				changed = true
 			}
 		case opRelease:
 			if !released[o.name] {
 				released[o.name] = true
 				replicas = max(replicas-1, 0)
+				owned--
 				changed = true
 			}
 		case opForget:
 			if released[o.name] {
 				delete(released, o.name)
+				changed = true
+			}
+		case opSetOwned:
+			if (o.expect < 0 && !hasOwned) || (o.expect >= 0 && hasOwned && owned == o.expect) {
+				owned, hasOwned = o.bound+int32(len(pending)), true
+				changed = true
+			}
+		case opSpare:
+			if hasOwned && owned == o.expect && owned > 0 {
+				owned--
+				replicas = max(replicas-1, 0)
+				changed = true
+			}
+		case opForgive:
+			if hasOwned && owned == o.expect && owned > 0 {
+				owned--
 				changed = true
 			}
 		}
@@ -208,6 +245,9 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 	}
 	hub.SetPendingNodeClaims(md, pending)
 	hub.SetReleasedMachines(md, released)
+	if hasOwned && (!hadOwned || owned != ownedBefore) {
+		setOwnedReplicas(md, owned)
+	}
 	if replicas != before {
 		md.Spec.Replicas = &replicas
 	}

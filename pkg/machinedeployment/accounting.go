@@ -1,0 +1,175 @@
+package machinedeployment
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+)
+
+// OwnedReplicasAnnotation records, on a member MachineDeployment, how many
+// of its replicas are Karpenter's: raised for a NodeClaim and not given back
+// yet. It changes in the same update as spec.replicas, so the rest of the
+// replicas (spec.replicas minus it) are always someone else's, whoever
+// changes them concurrently.
+//
+// Each NodeClaim owns exactly one replica from the moment it is raised until
+// it is given back. A Karpenter Machine that someone else deletes (a
+// MachineHealthCheck, a RollingUpdate, a user, a concurrent scale-down that
+// Cluster API served with a Karpenter Machine) leaves its replica owned but
+// unused: a spare. The controller gives a spare back after OrphanGrace,
+// marking an unbound Machine so the MachineSet removes that one, or
+// forgets it when the replica is gone already (someone lowered the replicas).
+const OwnedReplicasAnnotation = v1alpha1.Group + "/owned-replicas"
+
+// ownedReplicas reads the annotation; ok is false when it is absent.
+func ownedReplicas(o client.Object) (n int32, ok bool, err error) {
+	raw, ok := o.GetAnnotations()[OwnedReplicasAnnotation]
+	if !ok || raw == "" {
+		return 0, false, nil
+	}
+	v, err := strconv.ParseInt(raw, 10, 32)
+	if err != nil || v < 0 {
+		return 0, false, fmt.Errorf("%s/%s: annotation %q is %q, not a count of replicas", o.GetNamespace(), o.GetName(), OwnedReplicasAnnotation, raw)
+	}
+	return int32(v), true, nil
+}
+
+func setOwnedReplicas(o client.Object, n int32) {
+	ann := o.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[OwnedReplicasAnnotation] = strconv.Itoa(int(max(n, 0)))
+	o.SetAnnotations(ann)
+}
+
+// spareMark is the value of cluster.x-k8s.io/delete-machine on an unbound
+// Machine the provider marked to give a replica back with. A decision made
+// on a stale read may be retried: the retry takes the Machine it marked
+// before instead of marking a second one.
+const spareMark = "karpenter-clusterapi: replica given back"
+
+func spareMarked(m *clusterv1.Machine) bool {
+	return m.Annotations[clusterv1.DeleteMachineAnnotation] == spareMark
+}
+
+// usage is how a MachineDeployment's Machines stand against its bookkeeping.
+type usage struct {
+	// bound Machines: bound to a NodeClaim, not being deleted, replica not
+	// given back. Each holds one owned replica.
+	bound int32
+	// live Machines: not being deleted.
+	live int32
+	// victims are unbound Machines, not being deleted, that a replica can
+	// be given back with, best first: those this provider marked for that
+	// already, then those not marked by anyone (see sortVictims).
+	victims []*clusterv1.Machine
+}
+
+// measure counts the Machines of a MachineDeployment. newest is the name of
+// its MachineSet that matches its template ("" when unknown); skip leaves
+// out Machines that are being bound.
+func measure(machines []clusterv1.Machine, released map[string]bool, newest string, skip func(*clusterv1.Machine) bool) usage {
+	var u usage
+	var marked, unmarked []*clusterv1.Machine
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		u.live++
+		if m.Annotations[v1alpha1.NodeClaimAnnotation] != "" {
+			if !released[m.Name] {
+				u.bound++
+			}
+			continue
+		}
+		if skip(m) {
+			continue
+		}
+		if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; !ok {
+			unmarked = append(unmarked, m)
+		} else if spareMarked(m) {
+			marked = append(marked, m)
+		}
+	}
+	sortVictims(marked, newest)
+	sortVictims(unmarked, newest)
+	u.victims = append(marked, unmarked...)
+	return u
+}
+
+// sortVictims orders unbound Machines by how little it costs to remove
+// them: those of an outdated MachineSet first (they would be replaced
+// anyway), then those without a Node yet, then the newest.
+func sortVictims(ms []*clusterv1.Machine, newest string) {
+	outdated := func(m *clusterv1.Machine) bool {
+		return newest != "" && machineSetOf(m) != newest
+	}
+	sort.SliceStable(ms, func(i, j int) bool {
+		a, b := ms[i], ms[j]
+		if oa, ob := outdated(a), outdated(b); oa != ob {
+			return oa
+		}
+		if na, nb := a.Status.NodeRef.IsDefined(), b.Status.NodeRef.IsDefined(); na != nb {
+			return !na
+		}
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return b.CreationTimestamp.Before(&a.CreationTimestamp)
+		}
+		return a.Name > b.Name
+	})
+}
+
+// machineSetOf is the name of the MachineSet that controls the Machine.
+func machineSetOf(m *clusterv1.Machine) string {
+	for _, ref := range m.OwnerReferences {
+		if ref.Kind == "MachineSet" && ref.Controller != nil && *ref.Controller {
+			return ref.Name
+		}
+	}
+	return ""
+}
+
+// debts remembers since when each MachineDeployment's owned replicas have
+// disagreed with its NodeClaims, so that only a disagreement that outlives
+// the caches' lag (OrphanGrace) is acted on.
+type debts struct {
+	mu    sync.Mutex
+	since map[types.NamespacedName]debtSince
+}
+
+type debtSince struct {
+	positive bool
+	at       time.Time
+}
+
+// observe records a disagreement of the given sign and returns since when
+// it has lasted; a change of sign starts over.
+func (d *debts) observe(key types.NamespacedName, positive bool, now time.Time) time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.since == nil {
+		d.since = map[types.NamespacedName]debtSince{}
+	}
+	if s, ok := d.since[key]; ok && s.positive == positive {
+		return s.at
+	}
+	d.since[key] = debtSince{positive: positive, at: now}
+	return now
+}
+
+func (d *debts) clear(key types.NamespacedName) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.since, key)
+}

@@ -1,0 +1,167 @@
+package machinedeployment
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+)
+
+func mdWith(replicas int32, owned string) *clusterv1.MachineDeployment {
+	md := &clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "md", Annotations: map[string]string{}}}
+	md.Spec.Replicas = &replicas
+	if owned != "" {
+		md.Annotations[OwnedReplicasAnnotation] = owned
+	}
+	return md
+}
+
+func apply(t *testing.T, md *clusterv1.MachineDeployment, ops ...*op) bool {
+	t.Helper()
+	changed, err := applyOps(md, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return changed
+}
+
+func owned(t *testing.T, md *clusterv1.MachineDeployment) int32 {
+	t.Helper()
+	n, ok, err := ownedReplicas(md)
+	if err != nil || !ok {
+		t.Fatalf("owned replicas: %d %v %v", n, ok, err)
+	}
+	return n
+}
+
+// Every op that changes Karpenter's replicas changes the owned count with
+// them; someone else's replicas (spec.replicas minus owned) never move.
+func TestOwnedReplicasFollowKarpentersOps(t *testing.T) {
+	md := mdWith(3, "") // 3 replicas of someone else, no count yet
+	apply(t, md, &op{kind: opReserve, name: "a", since: time.Now()})
+	if _, ok, _ := ownedReplicas(md); ok {
+		t.Fatal("a count appeared before the controller set it")
+	}
+	// The controller counts: 0 bound Machines + 1 pending.
+	apply(t, md, &op{kind: opSetOwned, bound: 0, expect: -1})
+	if owned(t, md) != 1 || *md.Spec.Replicas != 4 {
+		t.Fatalf("owned %d replicas %d, want 1 and 4", owned(t, md), *md.Spec.Replicas)
+	}
+	// A second initialisation does nothing.
+	if apply(t, md, &op{kind: opSetOwned, bound: 7, expect: -1}) {
+		t.Fatal("opSetOwned(-1) applied over an existing count")
+	}
+	apply(t, md, &op{kind: opReserve, name: "b", since: time.Now()}, &op{kind: opReserve, name: "b", since: time.Now()})
+	apply(t, md, &op{kind: opBound, name: "a"}, &op{kind: opRelease, name: "m-a"}, &op{kind: opRelease, name: "m-a"})
+	apply(t, md, &op{kind: opGiveBack, name: "b"}, &op{kind: opGiveBack, name: "b"})
+	if owned(t, md) != 0 || *md.Spec.Replicas != 3 {
+		t.Fatalf("owned %d replicas %d, want 0 and 3", owned(t, md), *md.Spec.Replicas)
+	}
+}
+
+// A spare replica is given back or forgiven once, however often the
+// decision is retried on a stale read.
+func TestSpareAndForgiveApplyOnlyToTheCountTheyWereDecidedOn(t *testing.T) {
+	md := mdWith(5, "3")
+	apply(t, md, &op{kind: opSpare, expect: 3})
+	if apply(t, md, &op{kind: opSpare, expect: 3}) {
+		t.Fatal("a retried opSpare applied twice")
+	}
+	if owned(t, md) != 2 || *md.Spec.Replicas != 4 {
+		t.Fatalf("owned %d replicas %d, want 2 and 4", owned(t, md), *md.Spec.Replicas)
+	}
+	apply(t, md, &op{kind: opForgive, expect: 2}, &op{kind: opForgive, expect: 2})
+	if owned(t, md) != 1 || *md.Spec.Replicas != 4 {
+		t.Fatalf("owned %d replicas %d, want 1 and 4 (forgive leaves replicas)", owned(t, md), *md.Spec.Replicas)
+	}
+	// Counting again applies only to the count it was decided on.
+	if apply(t, md, &op{kind: opSetOwned, bound: 4, expect: 3}) {
+		t.Fatal("opSetOwned applied to another count")
+	}
+	apply(t, md, &op{kind: opSetOwned, bound: 4, expect: 1})
+	if owned(t, md) != 4 {
+		t.Fatalf("owned %d, want 4", owned(t, md))
+	}
+	// A malformed count reads as none and is set again.
+	md.Annotations[OwnedReplicasAnnotation] = "lots"
+	apply(t, md, &op{kind: opSetOwned, bound: 2, expect: -1})
+	if owned(t, md) != 2 {
+		t.Fatalf("owned %d, want 2", owned(t, md))
+	}
+}
+
+func machineAt(name string, created time.Time, bound, marked string, node bool, ms string) clusterv1.Machine {
+	ctrl := true
+	m := clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(created), Annotations: map[string]string{},
+		OwnerReferences: []metav1.OwnerReference{{Kind: "MachineSet", Name: ms, Controller: &ctrl}}}}
+	if bound != "" {
+		m.Annotations[v1alpha1.NodeClaimAnnotation] = bound
+	}
+	if marked != "" {
+		m.Annotations[clusterv1.DeleteMachineAnnotation] = marked
+	}
+	if node {
+		m.Status.NodeRef = clusterv1.MachineNodeReference{Name: name}
+	}
+	return m
+}
+
+// Victims: Machines this provider marked already, then outdated ones, then
+// those without a Node, then the newest; never bound, deleting or marked
+// by someone else.
+func TestMeasureCountsBoundAndOrdersVictims(t *testing.T) {
+	t0 := time.Now().Add(-time.Hour)
+	deleting := machineAt("deleting", t0, "", "", true, "new")
+	deleting.DeletionTimestamp = &metav1.Time{Time: t0}
+	machines := []clusterv1.Machine{
+		machineAt("bound", t0, "claim-a", "", true, "new"),
+		machineAt("released", t0, "claim-b", "x", true, "new"),
+		deleting,
+		machineAt("theirs-marked", t0, "", "2024-01-01", true, "new"),
+		machineAt("old-node", t0.Add(time.Minute), "", "", true, "new"),
+		machineAt("new-node", t0.Add(2*time.Minute), "", "", true, "new"),
+		machineAt("no-node", t0, "", "", false, "new"),
+		machineAt("outdated", t0, "", "", true, "old"),
+		machineAt("ours", t0, "", spareMark, true, "new"),
+		machineAt("binding", t0.Add(3*time.Minute), "", "", false, "new"),
+	}
+	u := measure(machines, map[string]bool{"released": true}, "new", func(m *clusterv1.Machine) bool { return m.Name == "binding" })
+	if u.bound != 1 || u.live != 9 {
+		t.Fatalf("bound %d live %d, want 1 and 9", u.bound, u.live)
+	}
+	var got []string
+	for _, m := range u.victims {
+		got = append(got, m.Name)
+	}
+	want := []string{"ours", "outdated", "no-node", "new-node", "old-node"}
+	if len(got) != len(want) {
+		t.Fatalf("victims %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("victims %v, want %v", got, want)
+		}
+	}
+	if v := pickVictim(u.victims, map[string]bool{"ours": true}, t0.Add(90*time.Second)); v == nil || v.Name != "new-node" {
+		t.Fatalf("pickVictim after t0+90s: %v, want new-node", v)
+	}
+}
+
+func TestParseFailpoint(t *testing.T) {
+	for in, want := range map[string]*failpointSpec{
+		"md-reserve:3": {step: "md-reserve", n: 3},
+		"md-bind":      {step: "md-bind", n: 1},
+		"machine":      nil,
+		"md-bind:0":    nil,
+		"md-bind:x":    nil,
+		"":             nil,
+	} {
+		got := parseFailpoint(in)
+		if (got == nil) != (want == nil) || (got != nil && (got.step != want.step || got.n != want.n)) {
+			t.Errorf("parseFailpoint(%q) = %+v, want %+v", in, got, want)
+		}
+	}
+}
