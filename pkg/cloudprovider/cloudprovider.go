@@ -332,7 +332,7 @@ func (c *CloudProvider) IsDrifted(ctx context.Context, nodeClaim *karpv1.NodeCla
 	if nodeClass.Spec.MachineTemplate != nil {
 		return c.mm.Drifted(ctx, nodeClass, m)
 	}
-	return "", nil
+	return c.machineDeploymentDrifted(ctx, nodeClass, m)
 }
 
 // Reboot is not something Cluster API offers: a Machine is replaced, not restarted.

@@ -24,6 +24,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -109,7 +110,13 @@ func (r *Resolver) resolveMachineDeployments(ctx context.Context, nc *v1alpha1.C
 	kubeletConfig, kubeletErrs := kubelet.FromNodeClass(nc.Spec.Kubelet)
 	set := r.store.ResolveKubelet(sel, kubeletConfig, sel.String())
 	r.recordPrices(nc.Name, set)
-	res := nodeclassstatus.Resolution{Problems: set.Problems, EstimatedPrices: set.Estimated}
+	// A template or version change of a selected MachineDeployment changes
+	// the hash: the status update makes Karpenter re-check drift at once.
+	driftHash, err := machinedeployment.DriftHash(ctx, r.hub, sel)
+	if err != nil {
+		return nodeclassstatus.Resolution{}, nodeclassstatus.Transient(err)
+	}
+	res := nodeclassstatus.Resolution{Problems: set.Problems, EstimatedPrices: set.Estimated, DriftHash: driftHash}
 	for _, e := range kubeletErrs {
 		res.Problems = append(res.Problems, kubelet.Problem(e))
 	}
