@@ -397,14 +397,24 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		return candidates[i].CreationTimestamp.Before(&candidates[j].CreationTimestamp)
 	})
 	taken := map[string]bool{} // Machines bound or given back in this pass
+	alive := map[string]bool{}  // "<ns>/<name>" of Machines not being deleted
+	for i := range machines.Items {
+		if m := &machines.Items[i]; m.DeletionTimestamp.IsZero() {
+			alive[m.Namespace+"/"+m.Name] = true
+		}
+	}
 	for _, claim := range claims {
 		since := pending[claim]
 		// A Machine bound elsewhere (another MachineSet, or a race) settles
 		// it, and so does a binding this process made that the cache does
-		// not show yet.
-		if p.recent.claimBound(claim, now) {
-			cleanup(&op{kind: opBound, name: claim}, since)
-			continue
+		// not show yet, unless that Machine went away since: the claim was
+		// raised for again and needs another.
+		if machine, ok := p.recent.claimMachine(claim, now); ok {
+			if alive[machine] {
+				cleanup(&op{kind: opBound, name: claim}, since)
+				continue
+			}
+			p.recent.forget(claim)
 		}
 		if m, err := p.BoundMachine(ctx, claim); err != nil {
 			return 0, err
@@ -595,6 +605,7 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 		return fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
 	}
 	c.provider.recent.add(claim, m.Namespace+"/"+m.Name, c.provider.now())
+	c.provider.inflight.Delete(claim) // the raised replica is used
 	crashPoint(StepBind)
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 	c.provider.waiters.Notify(claim)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -122,6 +123,20 @@ func (p *Provider) reserved(ctx context.Context, claim string) (bool, error) {
 	if _, ok := p.inflight.Load(claim); ok {
 		return true, nil
 	}
+	// Bound by this process, and the cache does not show it yet.
+	if machine, ok := p.recent.claimMachine(claim, p.now()); ok {
+		ns, name, _ := strings.Cut(machine, "/")
+		m := &clusterv1.Machine{}
+		err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, m)
+		switch {
+		case err == nil && m.DeletionTimestamp.IsZero():
+			return true, nil
+		case err == nil || apierrors.IsNotFound(err):
+			p.recent.forget(claim) // gone: the claim needs another replica
+		default:
+			return false, fmt.Errorf("reading Machine %s bound to NodeClaim %s: %w", machine, claim, err)
+		}
+	}
 	mds := &clusterv1.MachineDeploymentList{}
 	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}); err != nil {
 		return false, fmt.Errorf("looking up MachineDeployments pending for NodeClaim %s: %w", claim, err)
@@ -141,6 +156,9 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 			return nil, err
 		}
 		if m != nil {
+			// The replica raised for the claim is used: should this
+			// Machine go away, the claim is raised for again.
+			p.inflight.Delete(claim)
 			if !m.DeletionTimestamp.IsZero() {
 				p.waiters.Forget(claim, ch)
 				return nil, fmt.Errorf("Machine %s/%s bound to NodeClaim %s is being deleted", m.Namespace, m.Name, claim)

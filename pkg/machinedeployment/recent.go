@@ -38,12 +38,27 @@ func (r *recentBindings) add(claim, machine string, now time.Time) {
 	}
 }
 
-// claimBound reports whether this process bound a Machine to the claim lately.
-func (r *recentBindings) claimBound(claim string, now time.Time) bool {
+// claimMachine returns the Machine ("<ns>/<machine>") this process bound to
+// the claim lately, if any.
+func (r *recentBindings) claimMachine(claim string, now time.Time) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.byClaim[claim]
-	return ok && now.Sub(b.at) <= recentTTL
+	if !ok || now.Sub(b.at) > recentTTL {
+		return "", false
+	}
+	return b.machine, true
+}
+
+// forget drops the claim's binding: its Machine went away, and the claim
+// may be bound again.
+func (r *recentBindings) forget(claim string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b, ok := r.byClaim[claim]; ok {
+		delete(r.byClaim, claim)
+		delete(r.machines, b.machine)
+	}
 }
 
 // machineBound reports whether this process bound the Machine lately.

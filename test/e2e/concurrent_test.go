@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/util/retry"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+)
+
+// scaleBy changes a MachineDeployment's replicas by delta the way a careful
+// concurrent writer does (read, change, update with the resourceVersion
+// read, again on conflict), and returns how many conflicts it met.
+func scaleBy(ctx context.Context, md *clusterv1.MachineDeployment, delta int32) (int, error) {
+	conflicts := -1
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		conflicts++
+		cur := &clusterv1.MachineDeployment{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+			return err
+		}
+		r := max(*cur.Spec.Replicas+delta, 0)
+		cur.Spec.Replicas = &r
+		return w.Hub.Client.Update(ctx, cur)
+	})
+	return conflicts, err
+}
+
+// Someone else raises and lowers the replicas of a member MachineDeployment
+// while Karpenter launches a burst on it: no change is lost or overwritten.
+// In the end the replicas are Karpenter's bound Machines plus the writer's
+// net change, the writer's Machines stay unbound and are left alone, and
+// Karpenter's own count (owned-replicas) is exactly its NodeClaims.
+func TestConcurrentWriterKeepsItsReplicaChanges(t *testing.T) {
+	const n = 12
+	ctx := context.Background()
+	pool(t, "conc")
+	md := machineDeployment(t, "conc", "conc-m5-large", "m5.large", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
+	mds := []*clusterv1.MachineDeployment{md}
+
+	start := time.Now()
+	d := deployment(t, "conc", "app-conc", n, "1500m")
+	// The writer: +2 +1 -1 +2 -1 -1 while the burst launches (net +2).
+	deltas := []int32{2, 1, -1, 2, -1, -1}
+	var net int32
+	var conflicts int
+	var wg sync.WaitGroup
+	var writerErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, delta := range deltas {
+			time.Sleep(1500 * time.Millisecond) // spread over the burst
+			c, err := scaleBy(ctx, md, delta)
+			if err != nil {
+				writerErr = err
+				return
+			}
+			conflicts += c
+			net += delta
+		}
+	}()
+	waitCounts(t, 6*time.Minute, "conc", "app-conc", mds, func(c counts) bool {
+		return c.RunningPods == n && c.Initialized == n
+	})
+	wg.Wait()
+	if writerErr != nil {
+		t.Fatalf("the writer failed: %v", writerErr)
+	}
+	t.Logf("burst of %d done after %s; the writer changed replicas by %v (net %+d) and met %d conflicts", n, time.Since(start).Round(time.Second), deltas, net, conflicts)
+
+	// Machines Karpenter lost to the writer's scale-downs (Cluster API
+	// deletes unprovisioned Machines first) are settled after OrphanGrace.
+	got := waitCounts(t, 3*time.Minute, "conc", "app-conc", mds, func(c counts) bool {
+		return c.Pending == 0 && c.NodeClaims == n && c.BoundMachines == n && c.Replicas == int32(n)+net &&
+			c.Machines == n+int(net) && c.UnboundMachines == int(net)
+	})
+	t.Logf("settled after %s: %s", time.Since(start).Round(time.Second), got)
+	cur := &clusterv1.MachineDeployment{}
+	if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+		t.Fatal(err)
+	}
+	if v := cur.Annotations[machinedeployment.OwnedReplicasAnnotation]; v != "12" {
+		t.Fatalf("owned replicas %q, want %d (one per NodeClaim)", v, n)
+	}
+	// The writer's Machines are neither bound nor removed later.
+	holdCounts(t, machinedeployment.OrphanGrace+5*time.Second, "conc", "app-conc", mds, func(c counts) bool {
+		return c.Replicas == int32(n)+net && c.Machines == n+int(net) && c.UnboundMachines == int(net) && c.BoundMachines == n
+	})
+
+	// Karpenter scales down to nothing; the writer's replicas stay.
+	scaleDeployment(t, d, 0)
+	waitCounts(t, 5*time.Minute, "conc", "app-conc", mds, func(c counts) bool {
+		return c.NodeClaims == 0 && c.BoundMachines == 0 && c.Replicas == net && c.Machines == int(net)
+	})
+	if _, err := scaleBy(ctx, md, -net); err != nil {
+		t.Fatal(err)
+	}
+	waitCounts(t, 2*time.Minute, "conc", "app-conc", mds, func(c counts) bool { return c.Machines == 0 && c.Replicas == 0 })
+}
