@@ -397,7 +397,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		return candidates[i].CreationTimestamp.Before(&candidates[j].CreationTimestamp)
 	})
 	taken := map[string]bool{} // Machines bound or given back in this pass
-	alive := map[string]bool{}  // "<ns>/<name>" of Machines not being deleted
+	alive := map[string]bool{} // "<ns>/<name>" of Machines not being deleted
 	for i := range machines.Items {
 		if m := &machines.Items[i]; m.DeletionTimestamp.IsZero() {
 			alive[m.Namespace+"/"+m.Name] = true
