@@ -285,6 +285,16 @@ func (c *Catalogue) bootstrap(ctx context.Context, mt *v1alpha1.MachineTemplate,
 	return out
 }
 
+// Unavailable returns the offerings of a resolved NodeClass that are left
+// out of launches after a capacity failure.
+func (c *Catalogue) Unavailable(r *Resolved) []v1alpha1.UnavailableOffering {
+	names := make(map[string]bool, len(r.Set.InstanceTypes))
+	for _, it := range r.Set.InstanceTypes {
+		names[it.Name] = true
+	}
+	return c.unavailable.For(names)
+}
+
 // Forget drops the memo of a deleted NodeClass.
 func (c *Catalogue) Forget(nodeClass string) {
 	c.mu.Lock()

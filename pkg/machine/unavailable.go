@@ -5,6 +5,9 @@ import (
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
@@ -111,5 +114,25 @@ func (u *Unavailable) List() []Entry {
 		}
 		return a.CapacityType < b.CapacityType
 	})
+	return out
+}
+
+// For returns the unavailable offerings of the instance types named, for a
+// NodeClass's status; reasons are cut to a readable length.
+func (u *Unavailable) For(instanceTypes map[string]bool) []v1alpha1.UnavailableOffering {
+	var out []v1alpha1.UnavailableOffering
+	for _, e := range u.List() {
+		if !instanceTypes[e.InstanceType] {
+			continue
+		}
+		reason := e.Reason
+		if len(reason) > 256 {
+			reason = reason[:253] + "..."
+		}
+		out = append(out, v1alpha1.UnavailableOffering{
+			InstanceType: e.InstanceType, Zone: e.Zone, CapacityType: e.CapacityType,
+			Until: metav1.NewTime(e.Until.Truncate(time.Second)), Reason: reason,
+		})
+	}
 	return out
 }

@@ -144,7 +144,8 @@ func (r *Resolver) resolveTemplates(ctx context.Context, nc *v1alpha1.ClusterAPI
 		return nodeclassstatus.Resolution{}, nodeclassstatus.Transient(err)
 	}
 	r.recordPrices(nc.Name, resolved.Set)
-	res := nodeclassstatus.Resolution{Problems: resolved.Set.Problems, EstimatedPrices: resolved.Set.Estimated, DriftHash: resolved.DriftHash}
+	res := nodeclassstatus.Resolution{Problems: resolved.Set.Problems, EstimatedPrices: resolved.Set.Estimated, DriftHash: resolved.DriftHash,
+		Unavailable: r.catalogue.Unavailable(resolved)}
 	for _, it := range resolved.Set.InstanceTypes {
 		res.InstanceTypes = append(res.InstanceTypes, it.Name)
 	}

@@ -237,10 +237,30 @@ func TestMachineModeInsufficientCapacityFallsBack(t *testing.T) {
 	if v, ok, err := provider.Metric(series); err != nil || !ok || v != 1 {
 		t.Fatalf("right after the failure, want %s 1, got %v (present %v, err %v)", series, v, ok, err)
 	}
+	var shown []v1alpha1.UnavailableOffering
+	err = WaitFor(ctx, 20*time.Second, func(ctx context.Context) (bool, error) {
+		nc := &v1alpha1.ClusterAPINodeClass{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "ice"}, nc); err != nil {
+			return false, err
+		}
+		shown = nc.Status.UnavailableOfferings
+		return len(shown) == 1, nil
+	})
+	if err != nil || shown[0].InstanceType != "c5.large" || shown[0].Zone != "us-east-1b" || shown[0].CapacityType != "on-demand" ||
+		!strings.Contains(shown[0].Reason, "InsufficientInstanceCapacity") {
+		t.Fatalf("the NodeClass status must show the exhausted offering, got %+v (%v)", shown, err)
+	}
 	markedAt := time.Now()
 	err = WaitFor(ctx, 2*suiteUnavailableTTL, func(ctx context.Context) (bool, error) {
 		_, ok, err := provider.Metric(series)
-		return !ok, err
+		if err != nil || ok {
+			return false, err
+		}
+		nc := &v1alpha1.ClusterAPINodeClass{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "ice"}, nc); err != nil {
+			return false, err
+		}
+		return len(nc.Status.UnavailableOfferings) == 0, nil
 	})
 	if err != nil {
 		t.Fatalf("the offering stayed unavailable past its TTL (%s): %v", suiteUnavailableTTL, err)

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"github.com/awslabs/operatorpkg/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Condition types of a ClusterAPINodeClass.
@@ -42,6 +43,26 @@ type ClusterAPINodeClassStatus struct {
 	// when it changes.
 	// +optional
 	DriftHash string `json:"driftHash,omitempty"`
+
+	// UnavailableOfferings are the NodeClass's offerings left out of
+	// launches after they reported insufficient capacity (Machine mode),
+	// until the time given.
+	// +optional
+	// +listType=atomic
+	UnavailableOfferings []UnavailableOffering `json:"unavailableOfferings,omitempty"`
+}
+
+// UnavailableOffering is an offering left out of launches for a while.
+type UnavailableOffering struct {
+	InstanceType string `json:"instanceType"`
+	// +optional
+	Zone         string `json:"zone,omitempty"`
+	CapacityType string `json:"capacityType"`
+	// Until is when the offering is tried again.
+	Until metav1.Time `json:"until"`
+	// Reason is what the launch reported.
+	// +optional
+	Reason string `json:"reason,omitempty"`
 }
 
 // StatusConditions returns the condition set; Ready follows its dependents.

@@ -42,6 +42,8 @@ type Resolution struct {
 	EstimatedPrices []string
 	// DriftHash changes when what new nodes are made from changes.
 	DriftHash string
+	// Unavailable are offerings left out after a capacity failure.
+	Unavailable []v1alpha1.UnavailableOffering
 }
 
 // Resolver resolves a NodeClass against the hub.
@@ -126,6 +128,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	nodeClass.Status.InstanceTypeCount = int32(len(res.InstanceTypes))
 	nodeClass.Status.EstimatedPrices = res.EstimatedPrices
 	nodeClass.Status.DriftHash = res.DriftHash
+	nodeClass.Status.UnavailableOfferings = res.Unavailable
 	if len(res.EstimatedPrices) > 0 {
 		conditions.SetFalse(v1alpha1.ConditionTypePricesConfigured, ReasonPricesEstimated, truncate(fmt.Sprintf(
 			"priced by a resource-based estimate: %s; set the annotations %s and %s on their MachineDeployments or infrastructure templates",
