@@ -44,7 +44,19 @@ type CloudProvider struct {
 	// priced returns the instance types with the prices Karpenter uses
 	// (NodeOverlays applied); Create picks the cheapest by those.
 	priced cloudprovider.CloudProvider
+	// hubBack waits until an unreachable hub answers again (nil: no waiting).
+	hubBack func(context.Context) error
 }
+
+// WaitForHubWith makes Create wait out an unreachable hub, up to
+// hubOutageWait, rather than fail at once: core backs off a failed launch
+// by up to a minute, so a pending pod would wait that long after the hub's
+// return. wait returns once the hub answers (hub.Reachability.Wait).
+func (c *CloudProvider) WaitForHubWith(wait func(context.Context) error) { c.hubBack = wait }
+
+// hubOutageWait bounds how long one Create waits for an unreachable hub, like
+// the wait for a Machine's providerID: core's launch worker is blocked meanwhile.
+const hubOutageWait = machinedeployment.DefaultLaunchWait
 
 // UsePricesFrom makes Create choose offerings by the prices p reports, the
 // decorated provider core schedules with, so that NodeOverlay price changes
@@ -83,27 +95,30 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if nodeClaim.Annotations == nil {
 		nodeClaim.Annotations = map[string]string{}
 	}
-	var earlier *types.NamespacedName
-	if ref := nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation]; ref != "" {
-		ns, name, ok := strings.Cut(ref, "/")
-		if !ok || ns == "" || name == "" {
-			return nil, fmt.Errorf("NodeClaim %s: annotation %s %q is not <namespace>/<name>", nodeClaim.Name, v1alpha1.MachineDeploymentAnnotation, ref)
-		}
-		earlier = &types.NamespacedName{Namespace: ns, Name: name}
-	}
 	record := func(md types.NamespacedName) {
 		// Core persists this even when Create fails.
 		nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation] = md.String()
 	}
 	var chosen *instancetype.Source
-	m, err := c.md.Launch(ctx, nodeClaim.Name, earlier, record, func() (instancetype.Source, error) {
-		src, err := cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
-		if err != nil {
-			return instancetype.Source{}, err
+	launch := func() (*clusterv1.Machine, error) {
+		var earlier *types.NamespacedName
+		if ref := nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation]; ref != "" {
+			ns, name, ok := strings.Cut(ref, "/")
+			if !ok || ns == "" || name == "" {
+				return nil, fmt.Errorf("NodeClaim %s: annotation %s %q is not <namespace>/<name>", nodeClaim.Name, v1alpha1.MachineDeploymentAnnotation, ref)
+			}
+			earlier = &types.NamespacedName{Namespace: ns, Name: name}
 		}
-		chosen = &src
-		return src, nil
-	})
+		return c.md.Launch(ctx, nodeClaim.Name, earlier, record, func() (instancetype.Source, error) {
+			src, err := cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
+			if err != nil {
+				return instancetype.Source{}, err
+			}
+			chosen = &src
+			return src, nil
+		})
+	}
+	m, err := c.throughHubOutage(ctx, launch)
 	if err != nil {
 		if errors.Is(err, machinedeployment.ErrStillLaunching) {
 			return nil, cloudprovider.NewCreateError(err, "MachineLaunching", truncate(err.Error()))
@@ -133,6 +148,25 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		delete(created.Annotations, v1alpha1.MachineDeploymentAnnotation)
 	}
 	return created, nil
+}
+
+// throughHubOutage runs launch, and again each time the hub answers after
+// launch failed because it was unreachable, for up to hubOutageWait. A
+// launch resumes from what the earlier attempts recorded.
+func (c *CloudProvider) throughHubOutage(ctx context.Context, launch func() (*clusterv1.Machine, error)) (*clusterv1.Machine, error) {
+	m, err := launch()
+	if c.hubBack == nil || !hub.Unreachable(err) {
+		return m, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, hubOutageWait)
+	defer cancel()
+	for hub.Unreachable(err) {
+		if c.hubBack(wctx) != nil {
+			return nil, err // still unreachable: core retries later
+		}
+		m, err = launch()
+	}
+	return m, err
 }
 
 // pricedInstanceTypes returns the instance types with the prices core

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // Hub is the management cluster: a cache scoped to the configured
@@ -20,6 +21,8 @@ import (
 type Hub struct {
 	cluster.Cluster
 	Scope Scope
+	// Reachability tells when the API server answers again after an outage.
+	Reachability *Reachability
 }
 
 // New builds the hub's cache and client. The cache only ever holds objects in
@@ -28,8 +31,16 @@ type Hub struct {
 // MachineSets and MachineDeployments are also filtered by the cluster-name
 // label on the server, and Clusters by name: another Cluster of a shared
 // namespace is never read.
+//
+// While the hub's API server is unreachable, the cache's informers wait for
+// it (see Reachability) rather than back off: they resume within a second of
+// its return.
 func New(cfg *rest.Config, scheme *runtime.Scheme, scope Scope) (*Hub, error) {
-	cacheOpts := cache.Options{Scheme: scheme}
+	reachability, err := NewReachability(cfg, log.Log.WithName("hub"))
+	if err != nil {
+		return nil, fmt.Errorf("building management cluster client: %w", err)
+	}
+	cacheOpts := cache.Options{Scheme: scheme, NewInformer: reachability.newInformer}
 	if scope.Namespace != "" {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{scope.Namespace: {}}
 	}
@@ -51,7 +62,7 @@ func New(cfg *rest.Config, scheme *runtime.Scheme, scope Scope) (*Hub, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building management cluster client: %w", err)
 	}
-	return &Hub{Cluster: c, Scope: scope}, nil
+	return &Hub{Cluster: c, Scope: scope, Reachability: reachability}, nil
 }
 
 // CheckReachable asks the hub API server for its version, so that a wrong

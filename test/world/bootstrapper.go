@@ -20,6 +20,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -149,6 +150,7 @@ func newBootstrapManager(cfg *rest.Config, log logr.Logger) (ctrl.Manager, error
 		HealthProbeBindAddress: "0",
 		// Like CABPK, do not cache every Secret of the hub.
 		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+		Cache:  cache.Options{NewInformer: reconnectingInformer}, // see StopHubAPIServer
 	})
 	if err != nil {
 		return nil, err

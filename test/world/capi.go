@@ -120,6 +120,8 @@ func newHubManager(ctx context.Context, hubConfig *rest.Config, log logr.Logger)
 	cfg := rest.CopyConfig(hubConfig)
 	cfg.QPS, cfg.Burst = capiKubeAPIQPS, capiKubeAPIBurst
 	cfg.UserAgent = remote.DefaultClusterAPIUserAgent(name)
+	cacheOpts := setup.ManagerCacheOptions(s, name, "", capiSyncPeriod)
+	cacheOpts.NewInformer = reconnectingInformer // see StopHubAPIServer
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: s,
 		Logger: log,
@@ -131,7 +133,7 @@ func newHubManager(ctx context.Context, hubConfig *rest.Config, log logr.Logger)
 		},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  setup.ManagerCacheOptions(s, name, "", capiSyncPeriod),
+		Cache:                  cacheOpts,
 		Client:                 setup.ManagerClientOptions(),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    wh.LocalServingHost,

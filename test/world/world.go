@@ -80,6 +80,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -336,6 +337,7 @@ func newAWSManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manager
 		HealthProbeBindAddress: "0",
 		// Like CAPA, read Secrets (bootstrap data) without caching them all.
 		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+		Cache:  cache.Options{NewInformer: reconnectingInformer}, // see StopHubAPIServer
 	})
 	if err != nil {
 		return nil, err
@@ -553,7 +555,8 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 // StopHubAPIServer kills the hub's kube-apiserver (SIGKILL: a crash, no
 // graceful shutdown), leaving etcd, the controllers and the simulators
 // running: every client of the hub sees refused connections until
-// StartHubAPIServer.
+// StartHubAPIServer. The world's own controllers retry every 250 ms
+// meanwhile (reconnectingInformer) and resume at once when it is back.
 func (w *World) StopHubAPIServer() error {
 	return w.Hub.KillAPIServer()
 }
