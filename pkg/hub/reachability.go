@@ -71,6 +71,9 @@ func NewReachability(cfg *rest.Config, log logr.Logger) (*Reachability, error) {
 	}
 	return newReachability(func(ctx context.Context) error {
 		_, err := dc.RESTClient().Get().AbsPath("/readyz").Do(ctx).Raw()
+		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+			return nil // it answered; a credential without access to /readyz is no outage
+		}
 		return err
 	}, ProbeInterval, log), nil
 }
