@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -129,13 +131,22 @@ func (r *Resolver) resolveMachineDeployments(ctx context.Context, nc *v1alpha1.C
 func (r *Resolver) resolveTemplates(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass) (nodeclassstatus.Resolution, error) {
 	mt := nc.Spec.MachineTemplate
 	if _, err := machine.ResolveKind(r.hub, mt.InfrastructureTemplates.APIGroup, mt.InfrastructureTemplates.Kind); err != nil {
-		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.machineTemplate.infrastructureTemplates: %w", err)
+		err = fmt.Errorf("spec.machineTemplate.infrastructureTemplates: %w", err)
+		if !meta.IsNoMatchError(err) {
+			// Discovery failed (the hub is unreachable): no answer about the kind.
+			return nodeclassstatus.Resolution{}, nodeclassstatus.Transient(err)
+		}
+		return nodeclassstatus.Resolution{}, err
 	}
 	if _, err := metav1.LabelSelectorAsSelector(&mt.InfrastructureTemplates.Selector); err != nil {
 		return nodeclassstatus.Resolution{}, fmt.Errorf("spec.machineTemplate.infrastructureTemplates.selector is not a valid label selector: %w", err)
 	}
 	if ref := mt.Bootstrap.ConfigRef; ref != nil {
-		if problem := r.checkExists(ctx, schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind}, ref.Name, "spec.machineTemplate.bootstrap.configRef"); problem != "" {
+		problem, err := r.checkExists(ctx, schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind}, ref.Name, "spec.machineTemplate.bootstrap.configRef")
+		if err != nil {
+			return nodeclassstatus.Resolution{}, nodeclassstatus.Transient(err)
+		}
+		if problem != "" {
 			return nodeclassstatus.Resolution{Problems: []string{problem}}, nil
 		}
 	}
@@ -153,22 +164,31 @@ func (r *Resolver) resolveTemplates(ctx context.Context, nc *v1alpha1.ClusterAPI
 }
 
 // checkExists returns a problem naming the field when the referenced object
-// does not exist in the scope's namespace (or any namespace when unscoped).
-func (r *Resolver) checkExists(ctx context.Context, gk schema.GroupKind, name, field string) string {
+// does not exist in the scope's namespace (or any namespace when unscoped),
+// or cannot be read for lack of rights. It returns an error, not a problem,
+// when the hub gives no answer (unreachable, failing): that says nothing
+// about the object, and must not make the NodeClass not Ready.
+func (r *Resolver) checkExists(ctx context.Context, gk schema.GroupKind, name, field string) (string, error) {
 	mapping, err := r.hub.GetRESTMapper().RESTMapping(gk)
+	if meta.IsNoMatchError(err) {
+		return fmt.Sprintf("%s: kind %s is not served by the management cluster", field, gk), nil
+	}
 	if err != nil {
-		return fmt.Sprintf("%s: kind %s is not served by the management cluster", field, gk)
+		return "", fmt.Errorf("%s: discovering kind %s: %w", field, gk, err)
 	}
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(mapping.GroupVersionKind.GroupVersion().WithKind(gk.Kind + "List"))
 	opts := append(r.hub.Scope.NamespaceListOptions(), client.MatchingFields{"metadata.name": name})
 	if err := r.hub.GetAPIReader().List(ctx, list, opts...); err != nil {
-		return fmt.Sprintf("%s: cannot read %s %q: %v", field, gk.Kind, name, err)
+		if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+			return fmt.Sprintf("%s: cannot read %s %q: %v", field, gk.Kind, name, err), nil
+		}
+		return "", fmt.Errorf("%s: reading %s %q: %w", field, gk.Kind, name, err)
 	}
 	if len(list.Items) == 0 {
-		return fmt.Sprintf("%s: %s %q does not exist", field, gk.Kind, name)
+		return fmt.Sprintf("%s: %s %q does not exist", field, gk.Kind, name), nil
 	}
-	return ""
+	return "", nil
 }
 
 // instanceTypeName is the node.kubernetes.io/instance-type label the nodes

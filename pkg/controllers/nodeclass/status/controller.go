@@ -61,6 +61,9 @@ func (e *transientError) Unwrap() error { return e.err }
 // Transient wraps an error as transient.
 func Transient(err error) error { return &transientError{err: err} }
 
+// IsTransient reports whether err is (or wraps) a transient error.
+func IsTransient(err error) bool { return errors.As(err, new(*transientError)) }
+
 // Reasons of the InstanceTypesResolved condition.
 const (
 	ReasonResolved         = "Resolved"
