@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/retry"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,7 +37,9 @@ func scaleBy(ctx context.Context, md *clusterv1.MachineDeployment, delta int32) 
 // while Karpenter launches a burst on it: no change is lost or overwritten.
 // In the end the replicas are Karpenter's bound Machines plus the writer's
 // net change, the writer's Machines stay unbound and are left alone, and
-// Karpenter's own count (owned-replicas) is exactly its NodeClaims.
+// Karpenter's own count (owned-replicas) is exactly its NodeClaims. That
+// holds too when the writer's scale-down takes a Karpenter Machine, and
+// when someone deletes one (as a MachineHealthCheck does).
 func TestConcurrentWriterKeepsItsReplicaChanges(t *testing.T) {
 	const n = 12
 	ctx := context.Background()
@@ -94,6 +97,46 @@ func TestConcurrentWriterKeepsItsReplicaChanges(t *testing.T) {
 		return c.Replicas == int32(n)+net && c.Machines == n+int(net) && c.UnboundMachines == int(net) && c.BoundMachines == n
 	})
 
+	// The writer scales down by one and picks a Karpenter node for it
+	// (delete-machine): Cluster API removes that node, Karpenter launches a
+	// replacement for its pods and the writer's net change still holds.
+	victim := boundMachine(t, md)
+	mark := client.MergeFrom(victim.DeepCopy())
+	victim.Annotations[clusterv1.DeleteMachineAnnotation] = "writer"
+	if err := w.Hub.Client.Patch(ctx, victim, mark); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := scaleBy(ctx, md, -1); err != nil {
+		t.Fatal(err)
+	}
+	net--
+	start = time.Now()
+	got = waitCounts(t, 4*time.Minute, "conc", "app-conc", mds, func(c counts) bool {
+		return c.RunningPods == n && c.Pending == 0 && c.NodeClaims == n && c.BoundMachines == n && c.Replicas == int32(n)+net &&
+			c.Machines == n+int(net) && c.UnboundMachines == int(net) && !machineExists(t, victim)
+	})
+	t.Logf("the writer took Karpenter's Machine %s (net now %+d); settled after %s: %s", victim.Name, net, time.Since(start).Round(time.Second), got)
+
+	// Someone deletes a Karpenter Machine (as a MachineHealthCheck
+	// remediates): the MachineSet replaces it, and the replacement ends up
+	// bound to Karpenter's replacement NodeClaim or given back.
+	victim = boundMachine(t, md)
+	if err := w.Hub.Client.Delete(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	got = waitCounts(t, 4*time.Minute, "conc", "app-conc", mds, func(c counts) bool {
+		return c.RunningPods == n && c.Pending == 0 && c.NodeClaims == n && c.BoundMachines == n && c.Replicas == int32(n)+net &&
+			c.Machines == n+int(net) && c.UnboundMachines == int(net) && !machineExists(t, victim)
+	})
+	t.Logf("Machine %s deleted by someone else; settled after %s: %s", victim.Name, time.Since(start).Round(time.Second), got)
+	if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+		t.Fatal(err)
+	}
+	if v := cur.Annotations[machinedeployment.OwnedReplicasAnnotation]; v != "12" {
+		t.Fatalf("owned replicas %q, want %d (one per NodeClaim)", v, n)
+	}
+
 	// Karpenter scales down to nothing; the writer's replicas stay.
 	scaleDeployment(t, d, 0)
 	waitCounts(t, 5*time.Minute, "conc", "app-conc", mds, func(c counts) bool {
@@ -103,4 +146,30 @@ func TestConcurrentWriterKeepsItsReplicaChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCounts(t, 2*time.Minute, "conc", "app-conc", mds, func(c counts) bool { return c.Machines == 0 && c.Replicas == 0 })
+}
+
+// boundMachine returns a live Machine of the MachineDeployment bound to a
+// NodeClaim.
+func boundMachine(t *testing.T, md *clusterv1.MachineDeployment) *clusterv1.Machine {
+	t.Helper()
+	ms := &clusterv1.MachineList{}
+	if err := w.Hub.Client.List(context.Background(), ms, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range ms.Items {
+		if m := &ms.Items[i]; m.DeletionTimestamp.IsZero() && m.Annotations[v1alpha1.NodeClaimAnnotation] != "" {
+			return m
+		}
+	}
+	t.Fatalf("no bound Machine in MachineDeployment %s", md.Name)
+	return nil
+}
+
+func machineExists(t *testing.T, m *clusterv1.Machine) bool {
+	t.Helper()
+	err := w.Hub.Client.Get(context.Background(), client.ObjectKeyFromObject(m), &clusterv1.Machine{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	return err == nil
 }

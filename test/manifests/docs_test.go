@@ -16,6 +16,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/allocatable"
 	hubpkg "github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 )
 
@@ -41,6 +42,7 @@ var contractNames = map[string]string{
 var otherNames = []string{
 	hubpkg.PendingNodeClaimsAnnotation,
 	hubpkg.ReleasedMachinesAnnotation,
+	machinedeployment.OwnedReplicasAnnotation,
 	instancetype.MinSizeAnnotation,
 	instancetype.MaxSizeAnnotation,
 	allocatable.MismatchAnnotation,
