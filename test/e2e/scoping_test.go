@@ -3,9 +3,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -297,6 +299,7 @@ func auditedHubUser(t *testing.T, name string) string {
 func checkAudit(t *testing.T, events []world.AuditEvent, watch *foreignClaimWatch, user, own, other, otherMD string) {
 	t.Helper()
 	scopedLists := map[string]int{}
+	namespaceWide := map[string]bool{}
 	var violations []string
 	seen := map[string]bool{}
 	report := func(e world.AuditEvent, why string) {
@@ -324,6 +327,9 @@ func checkAudit(t *testing.T, events []world.AuditEvent, watch *foreignClaimWatc
 		switch e.Verb {
 		case "list", "watch":
 			if ref.APIGroup != clusterv1.GroupVersion.Group {
+				// Templates carry no cluster-name label (and may be shared):
+				// they are read namespace-wide. Say which.
+				namespaceWide[ref.Resource+"."+ref.APIGroup] = true
 				continue
 			}
 			switch ref.Resource {
@@ -368,7 +374,8 @@ func checkAudit(t *testing.T, events []world.AuditEvent, watch *foreignClaimWatc
 			t.Errorf("the hub audit log has no list or watch of %s scoped to %s by %s (seen: %v): the audit proves nothing", want, own, user, scopedLists)
 		}
 	}
-	t.Logf("hub user %s: %d audited requests checked; scoped lists and watches by resource: %v", user, countOf(events, user), scopedLists)
+	t.Logf("hub user %s: %d audited requests checked; scoped lists and watches by resource: %v; read namespace-wide: %v",
+		user, countOf(events, user), scopedLists, slices.Sorted(maps.Keys(namespaceWide)))
 }
 
 func countOf(events []world.AuditEvent, user string) int {
