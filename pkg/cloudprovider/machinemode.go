@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
@@ -35,7 +36,15 @@ func (c *CloudProvider) createMachine(ctx context.Context, nodeClass *v1alpha1.C
 	choose := func(r *machine.Resolved) (instancetype.Source, error) {
 		return cheapest(r.Set, c.pricedInstanceTypes(ctx, nodeClaim, r.Set), nodeClaim)
 	}
-	m, err := c.mm.Launch(ctx, nodeClass, nodeClaim.Name, recorded, record, choose)
+	m, err := c.throughHubOutage(ctx, func() (*clusterv1.Machine, error) {
+		// A retry resumes the offering the earlier attempt recorded.
+		if v := nodeClaim.Annotations[v1alpha1.OfferingAnnotation]; v != "" && recorded == nil {
+			if o, err := machine.ParseOffering(v); err == nil {
+				recorded = &o
+			}
+		}
+		return c.mm.Launch(ctx, nodeClass, nodeClaim.Name, recorded, record, choose)
+	})
 	if err != nil {
 		if errors.Is(err, machine.ErrStillLaunching) {
 			return nil, cloudprovider.NewCreateError(err, "MachineLaunching", truncate(err.Error()))
