@@ -65,7 +65,8 @@ func spareMarked(m *clusterv1.Machine) bool {
 // usage is how a MachineDeployment's Machines stand against its bookkeeping.
 type usage struct {
 	// bound Machines: bound to a NodeClaim, not being deleted, replica not
-	// given back. Each holds one owned replica.
+	// given back, NodeClaim no longer listed as pending (a pending one is
+	// counted as pending). Each holds one owned replica.
 	bound int32
 	// live Machines: not being deleted.
 	live int32
@@ -75,10 +76,11 @@ type usage struct {
 	victims []*clusterv1.Machine
 }
 
-// measure counts the Machines of a MachineDeployment. newest is the name of
-// its MachineSet that matches its template ("" when unknown); skip leaves
-// out Machines that are being bound.
-func measure(machines []clusterv1.Machine, released map[string]bool, newest string, skip func(*clusterv1.Machine) bool) usage {
+// measure counts the Machines of a MachineDeployment against its pending
+// and released bookkeeping. newest is the name of its MachineSet that
+// matches its template ("" when unknown); skip leaves out Machines that are
+// being bound.
+func measure(machines []clusterv1.Machine, pending map[string]time.Time, released map[string]bool, newest string, skip func(*clusterv1.Machine) bool) usage {
 	var u usage
 	var marked, unmarked []*clusterv1.Machine
 	for i := range machines {
@@ -87,8 +89,8 @@ func measure(machines []clusterv1.Machine, released map[string]bool, newest stri
 			continue
 		}
 		u.live++
-		if m.Annotations[v1alpha1.NodeClaimAnnotation] != "" {
-			if !released[m.Name] {
+		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
+			if _, isPending := pending[claim]; !released[m.Name] && !isPending {
 				u.bound++
 			}
 			continue

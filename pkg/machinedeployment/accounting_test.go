@@ -128,9 +128,11 @@ func TestMeasureCountsBoundAndOrdersVictims(t *testing.T) {
 		machineAt("ours", t0, "", spareMark, true, "new"),
 		machineAt("binding", t0.Add(3*time.Minute), "", "", false, "new"),
 	}
-	u := measure(machines, map[string]bool{"released": true}, "new", func(m *clusterv1.Machine) bool { return m.Name == "binding" })
-	if u.bound != 1 || u.live != 9 {
-		t.Fatalf("bound %d live %d, want 1 and 9", u.bound, u.live)
+	machines = append(machines, machineAt("bound-pending", t0, "claim-c", "", true, "new"))
+	pending := map[string]time.Time{"claim-c": t0}
+	u := measure(machines, pending, map[string]bool{"released": true}, "new", func(m *clusterv1.Machine) bool { return m.Name == "binding" })
+	if u.bound != 1 || u.live != 10 {
+		t.Fatalf("bound %d live %d, want 1 (claim-c counts as pending) and 10", u.bound, u.live)
 	}
 	var got []string
 	for _, m := range u.victims {

@@ -3,6 +3,7 @@ package machinedeployment
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -304,6 +305,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		return 0, err
 	}
 	pendingCount := int32(len(pending))
+	pendingBefore := maps.Clone(pending)
 	released, err := hub.ReleasedMachines(md)
 	if err != nil {
 		return 0, err
@@ -340,7 +342,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 	}
 
 	recentlyBound := func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) }
-	use := measure(machines.Items, released, newest, recentlyBound)
+	use := measure(machines.Items, pendingBefore, released, newest, recentlyBound)
 	// debt > 0: owned replicas no NodeClaim uses (a Karpenter Machine was
 	// deleted by someone else); < 0: NodeClaims hold more than is counted.
 	debt := owned - use.bound - pendingCount

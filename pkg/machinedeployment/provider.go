@@ -217,6 +217,7 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 	if mdName == "" {
 		return fmt.Errorf("Machine %s/%s has no label %s: cannot tell its MachineDeployment", m.Namespace, m.Name, clusterv1.MachineDeploymentNameLabel)
 	}
+	_, wasMarked := m.Annotations[clusterv1.DeleteMachineAnnotation]
 	if err := p.markForDeletion(ctx, m); err != nil {
 		return err
 	}
@@ -224,7 +225,7 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 		return err
 	}
 	crashPoint(StepRelease)
-	if p.Events != nil {
+	if p.Events != nil && !wasMarked { // once, not at every retry of core's Delete
 		p.Events.Event(m, corev1.EventTypeNormal, "Released", "NodeClaim "+claim+" deleted: marked for deletion and its replica given back")
 	}
 	return nil
@@ -303,7 +304,7 @@ func (p *Provider) markGiveBackVictim(ctx context.Context, md *clusterv1.Machine
 	if ms := newestOf(md, sets); ms != nil {
 		newest = ms.Name
 	}
-	use := measure(machines.Items, released, newest, func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) })
+	use := measure(machines.Items, pending, released, newest, func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) })
 	if victim := pickVictim(use.victims, nil, since.Add(-bindSkew)); victim != nil {
 		return p.markSpare(ctx, victim)
 	}

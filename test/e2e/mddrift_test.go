@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	toolscache "k8s.io/client-go/tools/cache"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -90,10 +92,31 @@ func testMachineDeploymentDrift(t *testing.T, strategy clusterv1.MachineDeployme
 	}
 	hashBefore := nodeClassDriftHash(t, name)
 
-	// Watch the Ready pods while the nodes are replaced.
+	// Watch the Ready pods, the NodeClaims and the Machines created while
+	// the nodes are replaced.
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	var mu sync.Mutex
-	lowest := replicas
+	lowest, peakClaims, fewestNodes := replicas, replicas, replicas
+	created := map[string]bool{}
+	hubCache, _ := worldCaches(t)
+	inf, err := hubCache.GetInformer(watchCtx, &clusterv1.Machine{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: func(o any) {
+		if m, ok := o.(*clusterv1.Machine); ok && m.Labels[clusterv1.MachineDeploymentNameLabel] == name {
+			mu.Lock()
+			created[m.Name] = true
+			mu.Unlock()
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = hubCache.Start(watchCtx) }()
+	hubCache.WaitForCacheSync(watchCtx)
+	mu.Lock()
+	before := len(created)
+	mu.Unlock()
 	var watchDone sync.WaitGroup
 	watchDone.Add(1)
 	go func() {
@@ -102,6 +125,17 @@ func testMachineDeploymentDrift(t *testing.T, strategy clusterv1.MachineDeployme
 			if n, err := readyPods(watchCtx, app); err == nil {
 				mu.Lock()
 				lowest = min(lowest, n)
+				mu.Unlock()
+			}
+			claims := &karpv1.NodeClaimList{}
+			if err := w.Spoke.Client.List(watchCtx, claims, client.MatchingLabels{karpv1.NodePoolLabelKey: name}); err == nil {
+				mu.Lock()
+				peakClaims = max(peakClaims, len(claims.Items))
+				mu.Unlock()
+			}
+			if n, err := schedulableNodes(watchCtx, name); err == nil {
+				mu.Lock()
+				fewestNodes = min(fewestNodes, n)
 				mu.Unlock()
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -129,7 +163,7 @@ func testMachineDeploymentDrift(t *testing.T, strategy clusterv1.MachineDeployme
 	}
 
 	var last string
-	err := WaitFor(ctx, 6*time.Minute, func(ctx context.Context) (bool, error) {
+	err = WaitFor(ctx, 6*time.Minute, func(ctx context.Context) (bool, error) {
 		onNew, onOld, err := machinesByTemplate(ctx, name, name+"-v2")
 		if err != nil {
 			return false, err
@@ -152,13 +186,19 @@ func testMachineDeploymentDrift(t *testing.T, strategy clusterv1.MachineDeployme
 		logSpokeEvents(t, name)
 		t.Fatalf("nodes not all on the new template: %v (last: %s)", err, last)
 	}
-	t.Logf("%s: all nodes on the new template after %s: %s", strategy, time.Since(start).Round(time.Second), last)
 	mu.Lock()
-	if lowest < replicas-1 {
-		mu.Unlock()
-		t.Fatalf("Ready pods dropped to %d during the replacement; the PodDisruptionBudget asks for %d", lowest, replicas-1)
-	}
+	newMachines, low, peak, fewest := len(created)-before, lowest, peakClaims, fewestNodes
 	mu.Unlock()
+	t.Logf("%s: all nodes on the new template after %s: %s; %d Machines created, at most %d NodeClaims at once, at least %d Ready pods, at least %d schedulable nodes",
+		strategy, time.Since(start).Round(time.Second), last, newMachines, peak, low, fewest)
+	if low < replicas-1 {
+		t.Fatalf("Ready pods dropped to %d during the replacement; the PodDisruptionBudget asks for %d", low, replicas-1)
+	}
+	// With OnDelete only Karpenter replaces nodes, within its budget (one
+	// node out of service at a time), with one new Machine each.
+	if strategy == clusterv1.OnDeleteMachineDeploymentStrategyType && (fewest < replicas-1 || newMachines != replicas) {
+		t.Fatalf("OnDelete: %d schedulable nodes at worst and %d new Machines; want at least %d and exactly %d", fewest, newMachines, replicas-1, replicas)
+	}
 	// Nothing left over and nothing more happens after the grace period.
 	holdCounts(t, machinedeployment.OrphanGrace+5*time.Second, name, app, mds, func(c counts) bool {
 		return c.Machines == replicas && c.BoundMachines == replicas && c.Replicas == replicas && c.NodeClaims == replicas
@@ -213,4 +253,31 @@ func nodeClassDriftHash(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	return nc.Status.DriftHash
+}
+
+// schedulableNodes counts the pool's Nodes that take pods: Ready, not being
+// deleted, not cordoned and not tainted as disrupted by Karpenter.
+func schedulableNodes(ctx context.Context, pool string) (int, error) {
+	nodes := &corev1.NodeList{}
+	if err := w.Spoke.Client.List(ctx, nodes, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, node := range nodes.Items {
+		if !node.DeletionTimestamp.IsZero() || node.Spec.Unschedulable {
+			continue
+		}
+		disrupted := false
+		for _, taint := range node.Spec.Taints {
+			if taint.Key == karpv1.DisruptedTaintKey {
+				disrupted = true
+			}
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && !disrupted {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
