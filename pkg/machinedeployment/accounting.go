@@ -148,10 +148,18 @@ func machineSetOf(m *clusterv1.Machine) string {
 type debts struct {
 	mu    sync.Mutex
 	since map[types.NamespacedName]debtSince
+	// settled holds the owned count a settling op was last decided on, so
+	// that a cache that does not show the op yet does not decide again.
+	settled map[types.NamespacedName]debtSince
 }
+
+// settledLag bounds how long a decided owned count is held back: longer
+// than the cache takes to show the write.
+const settledLag = 10 * time.Second
 
 type debtSince struct {
 	positive bool
+	owned    int32
 	at       time.Time
 }
 
@@ -174,4 +182,27 @@ func (d *debts) clear(key types.NamespacedName) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.since, key)
+}
+
+// decided records that a settling op was applied on the owned count.
+func (d *debts) decided(key types.NamespacedName, owned int32, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.settled == nil {
+		d.settled = map[types.NamespacedName]debtSince{}
+	}
+	d.settled[key] = debtSince{owned: owned, at: now}
+}
+
+// stale reports whether owned is the count a settling op was decided on
+// lately: the cache does not show that op yet.
+func (d *debts) stale(key types.NamespacedName, owned int32, now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.settled[key]
+	if !ok || s.owned != owned || now.Sub(s.at) > settledLag {
+		delete(d.settled, key)
+		return false
+	}
+	return true
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
@@ -165,5 +166,33 @@ func TestParseFailpoint(t *testing.T) {
 		if (got == nil) != (want == nil) || (got != nil && (got.step != want.step || got.n != want.n)) {
 			t.Errorf("parseFailpoint(%q) = %+v, want %+v", in, got, want)
 		}
+	}
+}
+
+// A disagreement is acted on once it outlives the grace; a count a
+// settling op was decided on is held back until the cache moves on.
+func TestDebtsGraceAndStaleCounts(t *testing.T) {
+	var d debts
+	key := types.NamespacedName{Namespace: "ns", Name: "md"}
+	t0 := time.Now()
+	if since := d.observe(key, true, t0); !since.Equal(t0) {
+		t.Fatalf("first observation since %v", since)
+	}
+	if since := d.observe(key, true, t0.Add(time.Minute)); !since.Equal(t0) {
+		t.Fatal("a lasting disagreement restarted")
+	}
+	if since := d.observe(key, false, t0.Add(time.Minute)); since.Equal(t0) {
+		t.Fatal("a change of sign did not restart")
+	}
+	d.decided(key, 5, t0)
+	if !d.stale(key, 5, t0.Add(time.Second)) {
+		t.Fatal("the count just decided on is not held back")
+	}
+	if d.stale(key, 4, t0.Add(time.Second)) || d.stale(key, 5, t0.Add(2*time.Second)) {
+		t.Fatal("a count that moved on (or came back) is still held back")
+	}
+	d.decided(key, 5, t0)
+	if d.stale(key, 5, t0.Add(settledLag+time.Second)) {
+		t.Fatal("held back beyond settledLag")
 	}
 }

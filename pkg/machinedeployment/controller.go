@@ -475,9 +475,10 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		cleanup(&op{kind: opBound, name: claim}, since)
 	}
 
+	var settle *op
 	if len(ops) == 0 {
-		settle, wait, err := c.settleOwned(ctx, md, owned, hasOwned, debt, use, taken, now)
-		if err != nil {
+		var wait time.Duration
+		if settle, wait, err = c.settleOwned(ctx, md, owned, hasOwned, debt, use, taken, now); err != nil {
 			return 0, err
 		}
 		if wait > 0 {
@@ -504,6 +505,9 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		if err := p.scaler.Apply(ctx, key, ops...); err != nil {
 			return 0, err
 		}
+		if settle != nil && hasOwned {
+			c.debts.decided(key, owned, now)
+		}
 	}
 	return requeue, nil
 }
@@ -525,6 +529,9 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 	since := c.debts.observe(key, debt > 0, now)
 	if wait := OrphanGrace - now.Sub(since); wait > 0 {
 		return nil, wait, nil
+	}
+	if c.debts.stale(key, owned, now) {
+		return nil, time.Second, nil
 	}
 	if debt < 0 {
 		log.FromContext(ctx).Info("counting owned replicas again", "MachineDeployment", key, "owned", owned, "bound", use.bound)
