@@ -74,6 +74,9 @@ type usage struct {
 	// be given back with, best first: those this provider marked for that
 	// already, then those not marked by anyone (see sortVictims).
 	victims []*clusterv1.Machine
+	// released are bound Machines whose replica was given back and that
+	// are not being deleted yet.
+	released []*clusterv1.Machine
 }
 
 // measure counts the Machines of a MachineDeployment against its pending
@@ -90,7 +93,9 @@ func measure(machines []clusterv1.Machine, pending map[string]time.Time, release
 		}
 		u.live++
 		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
-			if _, isPending := pending[claim]; !released[m.Name] && !isPending {
+			if _, isPending := pending[claim]; released[m.Name] {
+				u.released = append(u.released, m)
+			} else if !isPending {
 				u.bound++
 			}
 			continue

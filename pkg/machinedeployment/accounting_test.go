@@ -135,6 +135,9 @@ func TestMeasureCountsBoundAndOrdersVictims(t *testing.T) {
 	if u.bound != 1 || u.live != 10 {
 		t.Fatalf("bound %d live %d, want 1 (claim-c counts as pending) and 10", u.bound, u.live)
 	}
+	if len(u.released) != 1 || u.released[0].Name != "released" {
+		t.Fatalf("released %v, want the Machine whose replica was given back", u.released)
+	}
 	var got []string
 	for _, m := range u.victims {
 		got = append(got, m.Name)

@@ -551,11 +551,24 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 	if md.Spec.Replicas != nil {
 		replicas = *md.Spec.Replicas
 	}
-	if replicas > use.live {
-		// The MachineSet has yet to create the Machine that fills it.
+	if replicas != use.live {
+		// The MachineSet has yet to create or delete Machines: decide on
+		// what it settles to.
 		return nil, 5 * time.Second, nil
 	}
-	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key)
+	if len(use.released) > 0 {
+		// The MachineSet keeps a Machine whose replica was given back:
+		// another Karpenter Machine went in its place (both were marked; a
+		// termination interrupted between marking and giving back leaves
+		// one so). The spare replica is that Machine's.
+		victim := use.released[0]
+		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)
+		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
+			fmt.Sprintf("a Karpenter Machine went in place of Machine %s, released already: its replica given back", victim.Name))
+		metrics.OrphansReleased.WithLabelValues("spare").Inc()
+		return &op{kind: opSpare, expect: owned}, time.Second, nil
+	}
+	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key, "replicas", replicas, "owned", owned, "bound", use.bound)
 	return &op{kind: opForgive, expect: owned}, time.Second, nil
 }
 

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
@@ -141,6 +143,9 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 	if got.NodeClaims != n || got.Nodes != n || got.Machines != n || got.BoundMachines != n || got.Replicas != n {
 		t.Fatalf("want exactly %d NodeClaims, Nodes, Machines (all bound) and replicas, got %s", n, got)
 	}
+	if v := ownedReplicas(t, md); v != fmt.Sprint(n) {
+		t.Fatalf("owned replicas %q after the scale-up, want %d", v, n)
+	}
 	// Nothing extra shows up during the grace period either.
 	holdCounts(t, machinedeployment.OrphanGrace+5*time.Second, "faults", "app-faults", mds, func(c counts) bool {
 		return c.Machines == n && c.Replicas == n && c.UnboundMachines == 0 && c.NodeClaims == n
@@ -163,6 +168,9 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 	})
 	t.Logf("scale-down with %d stops done after %s: %s", len(stops)-upStops, time.Since(start).Round(time.Second), got)
 
+	if v := ownedReplicas(t, md); v != "0" {
+		t.Fatalf("owned replicas %q after the scale-down, want 0", v)
+	}
 	perStep := map[string]int{}
 	for _, s := range stops {
 		perStep[s.step]++
@@ -170,7 +178,7 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 	mu.Lock()
 	total := len(created)
 	mu.Unlock()
-	t.Logf("%d injected stops %v; %d Machines created in all", len(stops), perStep, total)
+	t.Logf("%d injected stops %v; %d Machines created in all; %d spare replicas given back", len(stops), perStep, total, mdEvents(t, md, "SpareReplicaGivenBack"))
 	if len(stops) < 10 {
 		t.Fatalf("only %d injected stops (%v): want at least 10", len(stops), perStep)
 	}
@@ -202,4 +210,29 @@ func holdCounts(t testing.TB, d time.Duration, pool, app string, mds []*clusterv
 		}
 		<-tick.C
 	}
+}
+
+func ownedReplicas(t testing.TB, md *clusterv1.MachineDeployment) string {
+	t.Helper()
+	cur := &clusterv1.MachineDeployment{}
+	if err := w.Hub.Client.Get(context.Background(), client.ObjectKeyFromObject(md), cur); err != nil {
+		t.Fatal(err)
+	}
+	return cur.Annotations[machinedeployment.OwnedReplicasAnnotation]
+}
+
+// mdEvents counts the hub's events with the reason on the MachineDeployment.
+func mdEvents(t testing.TB, md *clusterv1.MachineDeployment, reason string) int {
+	t.Helper()
+	events := &corev1.EventList{}
+	if err := w.Hub.Client.List(context.Background(), events, client.InNamespace(md.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range events.Items {
+		if e.Reason == reason && e.InvolvedObject.Kind == "MachineDeployment" && e.InvolvedObject.Name == md.Name {
+			n += int(max(e.Count, 1))
+		}
+	}
+	return n
 }
