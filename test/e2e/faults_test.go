@@ -11,6 +11,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
@@ -127,7 +128,7 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 		return err == nil && c.RunningPods == n && c.Initialized == n, err
 	}
 	// Instances take a while: launches stay in flight across several stops.
-	w.AWS.SetProvisionDelay(5 * time.Second)
+	w.AWS.SetProvisionDelay(10 * time.Second)
 	stops := runFailpoints(t, []stop{
 		{machinedeployment.StepChoose, 1}, {machinedeployment.StepReserve, 1}, {machinedeployment.StepChoose, 2}, {machinedeployment.StepReserve, 2},
 		{machinedeployment.StepBind, 1}, {machinedeployment.StepLaunched, 1}, {machinedeployment.StepBind, 2}, {machinedeployment.StepLaunched, 2},
@@ -151,6 +152,16 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 		return c.Machines == n && c.Replicas == n && c.UnboundMachines == 0 && c.NodeClaims == n
 	})
 
+	// Five nodes at a time: terminations stay in flight across several stops.
+	np := &karpv1.NodePool{}
+	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "faults"}, np); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(np.DeepCopy())
+	np.Spec.Disruption.Budgets = []karpv1.Budget{{Nodes: "5"}}
+	if err := w.Spoke.Client.Patch(ctx, np, patch); err != nil {
+		t.Fatal(err)
+	}
 	start = time.Now()
 	scaleDeployment(t, d, 0)
 	empty := func(ctx context.Context) (bool, error) {
@@ -158,6 +169,7 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 		return err == nil && c.NodeClaims == 0 && c.Machines == 0 && c.Nodes == 0 && c.Replicas == 0, err
 	}
 	stops = append(stops, runFailpoints(t, []stop{
+		{machinedeployment.StepMark, 1}, {machinedeployment.StepRelease, 1}, {machinedeployment.StepMark, 2}, {machinedeployment.StepRelease, 2},
 		{machinedeployment.StepMark, 1}, {machinedeployment.StepRelease, 1}, {machinedeployment.StepMark, 2}, {machinedeployment.StepRelease, 2},
 		{machinedeployment.StepMark, 1}, {machinedeployment.StepRelease, 1}, {machinedeployment.StepMark, 2}, {machinedeployment.StepRelease, 2},
 		{machinedeployment.StepMark, 1}, {machinedeployment.StepRelease, 1},
