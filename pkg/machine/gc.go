@@ -19,11 +19,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+	"github.com/autonode/karpenter-clusterapi/pkg/spoke"
 )
 
 // Grace periods of the garbage collector.
@@ -93,7 +93,7 @@ func (g *GarbageCollector) machines(ctx context.Context) error {
 			!m.DeletionTimestamp.IsZero() || g.provider.Launching(claim) || !g.provider.machines.Owned(m) {
 			continue
 		}
-		gone, err := g.nodeClaimGone(ctx, claim, m.CreationTimestamp.Time, now, OrphanGrace)
+		gone, err := spoke.NodeClaimGone(ctx, g.spoke, g.spokeAPI, claim, m.CreationTimestamp.Time, now, OrphanGrace)
 		if err != nil {
 			return err
 		}
@@ -184,29 +184,6 @@ func (g *GarbageCollector) leftoversOf(ctx context.Context, gk schema.GroupKind)
 		log.FromContext(ctx).Info("deleted the leftover of an interrupted launch", "kind", gvk.Kind, "name", client.ObjectKeyFromObject(u), "nodeclaim", claim)
 	}
 	return nil
-}
-
-// nodeClaimGone reports whether a NodeClaim is gone: absent from the cache
-// and from a live read, with its object older than grace. Errors are
-// returned as errors, never taken as gone.
-func (g *GarbageCollector) nodeClaimGone(ctx context.Context, claim string, since, now time.Time, grace time.Duration) (bool, error) {
-	if now.Sub(since) < grace {
-		return false, nil
-	}
-	nc := &karpv1.NodeClaim{}
-	err := g.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc)
-	if err == nil || !apierrors.IsNotFound(err) {
-		return false, client.IgnoreNotFound(err)
-	}
-	err = g.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc)
-	switch {
-	case err == nil:
-		return false, nil
-	case apierrors.IsNotFound(err):
-		return true, nil
-	default:
-		return false, fmt.Errorf("reading NodeClaim %s: %w", claim, err)
-	}
 }
 
 func hasMachineOwner(u *unstructured.Unstructured) bool {

@@ -35,6 +35,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+	"github.com/autonode/karpenter-clusterapi/pkg/spoke"
 )
 
 // Timing of the controller's bookkeeping.
@@ -648,25 +649,8 @@ func (c *Controller) orphaned(ctx context.Context, m *clusterv1.Machine, claim s
 	return c.nodeClaimGone(ctx, claim, m.CreationTimestamp.Time, now)
 }
 
-// nodeClaimGone reports whether a NodeClaim is gone: absent from the cache
-// AND from a live read, and its record older than the grace period. Any
-// error is returned as an error, never taken as gone.
+// nodeClaimGone reports whether a NodeClaim is gone for longer than the
+// grace period (see spoke.NodeClaimGone).
 func (c *Controller) nodeClaimGone(ctx context.Context, claim string, since, now time.Time) (bool, error) {
-	if now.Sub(since) < OrphanGrace {
-		return false, nil
-	}
-	nc := &karpv1.NodeClaim{}
-	err := c.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc)
-	if err == nil || !apierrors.IsNotFound(err) {
-		return false, client.IgnoreNotFound(err)
-	}
-	err = c.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc)
-	switch {
-	case err == nil:
-		return false, nil
-	case apierrors.IsNotFound(err):
-		return true, nil
-	default:
-		return false, fmt.Errorf("reading NodeClaim %s: %w", claim, err)
-	}
+	return spoke.NodeClaimGone(ctx, c.spoke, c.spokeAPI, claim, since, now, OrphanGrace)
 }
