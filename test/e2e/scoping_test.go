@@ -193,12 +193,25 @@ func waitScoped(t *testing.T, timeout time.Duration, spoke client.Client, pool s
 		if err := spoke.List(ctx, nodes, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
 			return false, err
 		}
+		// A Node can register before Cluster API copies its providerID to
+		// the Machine: a node is foreign only when the providerID belongs to
+		// a Machine of another MachineDeployment.
+		all := &clusterv1.MachineList{}
+		if err := w.Hub.Client.List(ctx, all, client.InNamespace(md.Namespace)); err != nil {
+			return false, err
+		}
+		owner := map[string]string{}
+		for _, m := range all.Items {
+			if m.Spec.ProviderID != "" {
+				owner[m.Spec.ProviderID] = m.Labels[clusterv1.MachineDeploymentNameLabel]
+			}
+		}
 		nodeOf := map[string]string{}
 		var foreign []string
 		for _, node := range nodes.Items {
 			nodeOf[node.Name] = node.Spec.ProviderID
-			if !seen[node.Spec.ProviderID] {
-				foreign = append(foreign, node.Name+"="+node.Spec.ProviderID)
+			if o, known := owner[node.Spec.ProviderID]; !seen[node.Spec.ProviderID] && known && o != md.Name {
+				foreign = append(foreign, node.Name+"="+node.Spec.ProviderID+" (MachineDeployment "+o+")")
 			}
 		}
 		claims := &karpv1.NodeClaimList{}
