@@ -122,6 +122,9 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := c.kubeClient.Patch(ctx, nc, patch); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	// Remembered at once: a reconcile reading a cache that does not show the
+	// annotation yet must not report it a second time.
+	c.markChecked(nc)
 	instanceType := nc.Labels[corev1.LabelInstanceTypeStable]
 	for _, mm := range mismatches {
 		metrics.AllocatableMismatches.WithLabelValues(instanceType, string(mm.Resource), mm.Direction()).Inc()
