@@ -211,7 +211,7 @@ func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClai
 			why = append(why, fmt.Sprintf("%s: no available offering matches %s", it.Name, offeringRequirements(reqs)))
 		}
 		for _, of := range compatible {
-			key := instancetype.OfferingKey{InstanceType: it.Name, Zone: of.Zone(), CapacityType: of.CapacityType()}
+			key := instancetype.KeyOf(it.Name, of)
 			found := false
 			for _, src := range set.Origins[key] {
 				if !src.Available {
@@ -225,7 +225,7 @@ func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClai
 				break
 			}
 			if !found {
-				why = append(why, fmt.Sprintf("%s in %q (%s): unavailable", it.Name, of.Zone(), of.CapacityType()))
+				why = append(why, fmt.Sprintf("%s in %s (%s): unavailable", it.Name, zoneName(key.Zone), key.CapacityType))
 			}
 		}
 	}
@@ -234,6 +234,15 @@ func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClai
 			nodeClaim.Name, truncate(strings.Join(why, "; "))))
 	}
 	return *best, nil
+}
+
+// zoneName names a zone in messages; an offering without one is in no
+// particular zone (the infrastructure chooses).
+func zoneName(zone string) string {
+	if zone == "" {
+		return "no particular zone"
+	}
+	return "zone " + zone
 }
 
 func offeringRequirements(reqs scheduling.Requirements) string {

@@ -6,6 +6,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/allocatable"
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/zone"
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
@@ -23,5 +24,6 @@ func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hu
 		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
 		machine.NewGarbageCollector(mm, kubeClient, kubeAPIReader),
 		allocatable.NewController(kubeClient),
+		zone.NewController(kubeClient),
 	}
 }

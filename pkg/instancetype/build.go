@@ -107,7 +107,9 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 	}
 	offers := map[OfferingKey]*offer{}
 	var zones, capacityTypes []string
+	zoneless := false // a source in no particular zone: the type may land in any
 	for _, s := range kept {
+		zoneless = zoneless || s.Zone == ""
 		k := OfferingKey{InstanceType: name, Zone: s.Zone, CapacityType: s.CapacityType}
 		o, ok := offers[k]
 		if !ok {
@@ -133,7 +135,10 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 		scheduling.NewRequirement(corev1.LabelOSStable, corev1.NodeSelectorOpIn, first.OS),
 		scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, capacityTypes...),
 	}
-	if len(zones) > 0 {
+	// A zone requirement only when every offering has a zone: an offering
+	// without one lands wherever the infrastructure puts it, and the Node
+	// tells the zone once it registers.
+	if len(zones) > 0 && !zoneless {
 		reqs = append(reqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, zones...))
 	}
 	for k, v := range commonLabels(kept) {

@@ -46,7 +46,7 @@ func (r *Resolver) recordPrices(nodeClass string, set *instancetype.Set) {
 	var series []prometheus.Labels
 	for _, it := range set.InstanceTypes {
 		for _, of := range it.Offerings {
-			key := instancetype.OfferingKey{InstanceType: it.Name, Zone: of.Zone(), CapacityType: of.CapacityType()}
+			key := instancetype.KeyOf(it.Name, of)
 			estimated := false
 			for _, src := range set.Origins[key] {
 				if src.Price == of.Price {
@@ -54,8 +54,10 @@ func (r *Resolver) recordPrices(nodeClass string, set *instancetype.Set) {
 					break
 				}
 			}
-			l := prometheus.Labels{"nodeclass": nodeClass, "instance_type": it.Name, "zone": of.Zone(),
-				"capacity_type": of.CapacityType(), "estimated": strconv.FormatBool(estimated)}
+			// An offering without a zone is labelled zone="" (never a
+			// random value: the series stay bounded).
+			l := prometheus.Labels{"nodeclass": nodeClass, "instance_type": it.Name, "zone": key.Zone,
+				"capacity_type": key.CapacityType, "estimated": strconv.FormatBool(estimated)}
 			metrics.OfferingPrice.With(l).Set(of.Price)
 			series = append(series, l)
 		}

@@ -1,0 +1,77 @@
+package cloudprovider
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+)
+
+func source(name, zone, capacityType string, price float64) instancetype.Source {
+	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("8Gi"), corev1.ResourcePods: resource.MustParse("110")}
+	return instancetype.Source{
+		Origin: types.NamespacedName{Namespace: "ns", Name: name}, Name: "m5.large", Arch: "amd64", OS: "linux",
+		Zone: zone, CapacityType: capacityType, Price: price, Available: true,
+		Capacity: capacity, Allocatable: capacity,
+	}
+}
+
+func claim(reqs ...karpv1.NodeSelectorRequirementWithMinValues) *karpv1.NodeClaim {
+	return &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Spec: karpv1.NodeClaimSpec{Requirements: reqs}}
+}
+
+// Offerings without a zone (a MachineDeployment without a failure domain)
+// must launch, from the same origin at every call: the last round saw 84
+// failed launches because the origin was looked up by Offering.Zone(), a
+// random value for an offering without a zone requirement.
+func TestCheapestFindsOfferingsWithoutAZone(t *testing.T) {
+	set := instancetype.Build([]instancetype.Source{
+		source("workers", "", karpv1.CapacityTypeOnDemand, 0.096),
+		source("workers-spot", "", karpv1.CapacityTypeSpot, 0.04),
+	})
+	for _, tc := range []struct {
+		name string
+		nc   *karpv1.NodeClaim
+		want string
+	}{
+		{"any capacity type", claim(), "workers-spot"},
+		{"on-demand only", claim(karpv1.NodeSelectorRequirementWithMinValues{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{karpv1.CapacityTypeOnDemand}}), "workers"},
+		{"a zone asked for", claim(karpv1.NodeSelectorRequirementWithMinValues{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"us-east-1b"}}), "workers-spot"},
+	} {
+		for i := 0; i < 50; i++ {
+			src, err := cheapest(set, set.InstanceTypes, tc.nc)
+			if err != nil {
+				t.Fatalf("%s, call %d: %v", tc.name, i, err)
+			}
+			if src.Origin.Name != tc.want {
+				t.Fatalf("%s, call %d: launched from %s, want %s", tc.name, i, src.Origin.Name, tc.want)
+			}
+		}
+	}
+}
+
+// One zone of three: the zoned MachineDeployment serves pods that ask for its
+// zone; pods asking for another zone get the zoneless one.
+func TestCheapestOneZoneOfThree(t *testing.T) {
+	set := instancetype.Build([]instancetype.Source{
+		source("in-a", "us-east-1a", karpv1.CapacityTypeOnDemand, 0.09),
+		source("anywhere", "", karpv1.CapacityTypeOnDemand, 0.096),
+	})
+	zone := func(z string) *karpv1.NodeClaim {
+		return claim(karpv1.NodeSelectorRequirementWithMinValues{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{z}})
+	}
+	for _, tc := range []struct {
+		nc   *karpv1.NodeClaim
+		want string
+	}{{claim(), "in-a"}, {zone("us-east-1a"), "in-a"}, {zone("us-east-1c"), "anywhere"}} {
+		src, err := cheapest(set, set.InstanceTypes, tc.nc)
+		if err != nil || src.Origin.Name != tc.want {
+			t.Fatalf("requirements %v: got %s (%v), want %s", tc.nc.Spec.Requirements, src.Origin.Name, err, tc.want)
+		}
+	}
+}
