@@ -373,9 +373,12 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			}
 			continue
 		}
-		_, member := m.Labels[v1alpha1.KarpenterMemberLabel]
+		// Bound is decided by the nodeclaim annotation alone: the member
+		// label may come from the MachineDeployment's Machine template
+		// (ClusterClass topology copies a topology's labels there), and
+		// then every new Machine carries it unbound.
 		_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
-		if !member && !marked && m.DeletionTimestamp.IsZero() && !recentlyBound(m) {
+		if !marked && m.DeletionTimestamp.IsZero() && !recentlyBound(m) {
 			candidates = append(candidates, m)
 		}
 	}
