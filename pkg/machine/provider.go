@@ -24,6 +24,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -47,7 +48,7 @@ type Provider struct {
 	hub         *hub.Hub
 	machines    *hub.Lookup
 	catalogue   *Catalogue
-	unavailable *Unavailable
+	unavailable *launch.Unavailable
 	waiters     *hub.Waiters
 	// launching holds the NodeClaims this process is launching right now:
 	// the garbage collector leaves their objects alone.
@@ -451,7 +452,7 @@ func (p *Provider) launchFailure(ctx context.Context, m *clusterv1.Machine) (str
 		}
 		return "", false, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
 	}
-	f := ReadLaunchFailure(infra)
+	f := launch.ReadLaunchFailure(infra)
 	if !f.Failed {
 		return "", false, nil
 	}
@@ -477,7 +478,7 @@ func (p *Provider) fail(ctx context.Context, m *clusterv1.Machine, claim, reason
 	}
 	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeWarning, "LaunchFailed", "Launch for NodeClaim %s failed, Machine deleted and offering %s left out for %s: %s",
-			claim, m.Annotations[v1alpha1.OfferingAnnotation], p.unavailable.ttl, reason)
+			claim, m.Annotations[v1alpha1.OfferingAnnotation], p.unavailable.TTL(), reason)
 	}
 	return cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: launch of Machine %s/%s failed: %s", claim, m.Namespace, m.Name, reason))
 }

@@ -377,8 +377,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		// label may come from the MachineDeployment's Machine template
 		// (ClusterClass topology copies a topology's labels there), and
 		// then every new Machine carries it unbound.
-		_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
-		if !marked && m.DeletionTimestamp.IsZero() && !recentlyBound(m) {
+		if bindable(m) && !recentlyBound(m) {
 			candidates = append(candidates, m)
 		}
 	}
@@ -449,15 +448,12 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			p.inflight.Delete(claim)
 			continue
 		}
-		// Machines raised for NodeClaims come after them; while a replica
-		// is spare (its Machine was taken away), any unbound Machine may
-		// stand in for it.
+		// Machines raised for NodeClaims come after them. No exception
+		// for a spare replica: it is given back (settleOwned), never a
+		// licence to bind a Machine that was not made for a raise.
 		idx := -1
 		for i, m := range candidates {
-			if taken[m.Name] {
-				continue
-			}
-			if debt > 0 || !m.CreationTimestamp.Time.Before(since.Add(-bindSkew)) {
+			if !taken[m.Name] && madeFor(m, since) {
 				idx = i
 				break
 			}
@@ -574,6 +570,23 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 	}
 	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key, "replicas", replicas, "owned", owned, "bound", use.bound)
 	return &op{kind: opForgive, expect: owned}, time.Second, nil
+}
+
+// bindable reports whether a Machine may be bound to a NodeClaim at all:
+// not bound, not marked, not being deleted, and not running anything yet (no
+// providerID, no Node). A Machine with a Node is somebody's running node,
+// whatever its age.
+func bindable(m *clusterv1.Machine) bool {
+	_, bound := m.Annotations[v1alpha1.NodeClaimAnnotation]
+	_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	return !bound && !marked && m.DeletionTimestamp.IsZero() && m.Spec.ProviderID == "" && !m.Status.NodeRef.IsDefined()
+}
+
+// madeFor reports whether a Machine was created for a replica raised at
+// since: created at or after it, by the API server's clock, give or take
+// bindSkew between that clock and this process's.
+func madeFor(m *clusterv1.Machine, since time.Time) bool {
+	return !m.CreationTimestamp.Time.Before(since.Add(-bindSkew))
 }
 
 // pickVictim returns the first victim not taken and created at or after

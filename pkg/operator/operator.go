@@ -28,6 +28,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
@@ -121,7 +122,7 @@ func (o *Operator) Run(ctx context.Context) {
 	if opts := options.FromContext(ctx); opts != nil && opts.UnavailableTTL > 0 {
 		ttl = opts.UnavailableTTL
 	}
-	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, machine.NewUnavailable(ttl, store.Notify), store.Notify))
+	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, launch.NewUnavailable(ttl, store.Notify), store.Notify))
 	machines := hub.NewLookup(o.Hub, managed)
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
 	undecorated := cloudprovider.New(o.GetClient(), store, managed, machines, mdProvider, mProvider)

@@ -27,6 +27,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
@@ -48,7 +49,7 @@ var (
 	nodePool    *karpv1.NodePool
 	nodePoolMM  *karpv1.NodePool
 	mdList      []*clusterv1.MachineDeployment
-	unavailable *machine.Unavailable
+	unavailable *launch.Unavailable
 )
 
 func TestMain(m *testing.M) {
@@ -118,7 +119,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	unavailable = machine.NewUnavailable(time.Hour, nil)
+	unavailable = launch.NewUnavailable(time.Hour, nil)
 	catalogue, err := machine.NewCatalogue(ctx, h, unavailable, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
