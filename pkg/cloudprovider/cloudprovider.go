@@ -344,7 +344,7 @@ func (c *CloudProvider) resolve(ctx context.Context, nodeClass *v1alpha1.Cluster
 	}
 	// Bad spec.kubelet values fall back; the NodeClass status reports them.
 	kubeletConfig, _ := kubelet.FromNodeClass(nodeClass.Spec.Kubelet)
-	return c.store.ResolveKubelet(sel, kubeletConfig, sel.String()), nil
+	return c.md.WithUnavailable(c.store.ResolveKubelet(sel, kubeletConfig, sel.String())), nil
 }
 
 func (c *CloudProvider) nodeClass(ctx context.Context, ref *karpv1.NodeClassReference) (*v1alpha1.ClusterAPINodeClass, error) {

@@ -437,31 +437,19 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 	}
 }
 
-// launchFailure reads the Machine's infrastructure machine for a failed launch.
+// launchFailure reads the Machine's infrastructure machine for a failed
+// launch, with the reader MachineDeployment mode uses too.
 func (p *Provider) launchFailure(ctx context.Context, m *clusterv1.Machine) (string, bool, error) {
-	ref := m.Spec.InfrastructureRef
-	gvk, err := ResolveKind(p.hub, ref.APIGroup, ref.Kind)
-	if err != nil {
+	f, err := launch.ReadFailure(ctx, p.hub, m)
+	if err != nil || !f.Failed {
 		return "", false, err
-	}
-	infra := &unstructured.Unstructured{}
-	infra.SetGroupVersionKind(gvk)
-	if err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, infra); err != nil {
-		if apierrors.IsNotFound(err) {
-			return "", false, nil // not in the cache yet
-		}
-		return "", false, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
-	}
-	f := launch.ReadLaunchFailure(infra)
-	if !f.Failed {
-		return "", false, nil
 	}
 	if f.InsufficientCapacity {
 		metrics.MachineLaunchFailures.WithLabelValues("insufficient_capacity").Inc()
 	} else {
 		metrics.MachineLaunchFailures.WithLabelValues("failed").Inc()
 	}
-	return fmt.Sprintf("%s %s/%s: %s", ref.Kind, m.Namespace, ref.Name, f.Message), true, nil
+	return f.Message, true, nil
 }
 
 // fail gives up on a Machine's launch: its offering is left out for the

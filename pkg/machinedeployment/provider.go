@@ -14,10 +14,12 @@ import (
 	"k8s.io/client-go/tools/record"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -46,6 +48,10 @@ type Provider struct {
 	// own writes never binds a second Machine to a NodeClaim, or a Machine
 	// twice.
 	recent recentBindings
+	// unavailable holds offerings left out after a failed launch (shared
+	// with Machine mode).
+	unavailable *launch.Unavailable
+	view        unavailableView
 	// LaunchWait bounds one Launch call's wait for a providerID.
 	LaunchWait time.Duration
 	// Events, when set, records events on Machines in the hub.
@@ -54,9 +60,10 @@ type Provider struct {
 }
 
 // NewProvider returns the MachineDeployment mode provider.
-func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store) *Provider {
+func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store, unavailable *launch.Unavailable) *Provider {
 	return &Provider{
-		hub:        h,
+		hub:         h,
+		unavailable: unavailable,
 		machines:   hub.NewLookup(h, managed),
 		store:      store,
 		scaler:     newObservedScaler(h),
@@ -66,6 +73,9 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		now:        time.Now,
 	}
 }
+
+// SetClock replaces the provider's clock (tests).
+func (p *Provider) SetClock(now func() time.Time) { p.now = now }
 
 // Scaler returns the provider's batched MachineDeployment writer.
 func (p *Provider) Scaler() *Scaler { return p.scaler }
@@ -79,7 +89,27 @@ func (p *Provider) Scaler() *Scaler { return p.scaler }
 // the replica is raised, so that a retry after an ambiguous failure (the
 // update may have been applied) raises on the same MachineDeployment, where
 // raising is idempotent, and never on a second one.
+//
+// A launch the infrastructure reports failed (see fail) makes its offering
+// unavailable, gives its replica back with exactly its Machine, and tries
+// the next cheapest offering within the same call: choose no longer sees
+// the failed one. When none is left, the InsufficientCapacity error goes to
+// Karpenter.
 func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
+	for {
+		m, err := p.launchOnce(ctx, claim, chosen, record, choose)
+		var failed *launchFailedError
+		if !errors.As(err, &failed) {
+			return m, err
+		}
+		chosen = nil // choose again: the failed offering is unavailable now
+		if _, chooseErr := choose(); chooseErr != nil {
+			return nil, err
+		}
+	}
+}
+
+func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
 	m, err := p.BoundMachine(ctx, claim)
 	if err != nil {
 		return nil, err
@@ -109,6 +139,12 @@ func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.Names
 				crashPoint(StepChoose)
 			}
 			if err := p.scaler.Apply(ctx, *origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
+				if errors.Is(err, ErrAtMaxSize) {
+					// Refused at the write: Karpenter re-plans on another
+					// offering; the store shows this one unavailable as
+					// soon as the cache has the replicas.
+					return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, err))
+				}
 				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
 			}
 			p.inflight.Store(claim, *origin)
@@ -172,6 +208,15 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				crashPoint(StepLaunched)
 				return m, nil
 			}
+			f, err := launch.ReadFailure(ctx, p.hub, m)
+			if err != nil {
+				p.waiters.Forget(claim, ch)
+				return nil, err
+			}
+			if f.Failed {
+				p.waiters.Forget(claim, ch)
+				return nil, p.fail(ctx, claim, m, f)
+			}
 		}
 		select {
 		case <-ch:
@@ -189,9 +234,18 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 	}
 }
 
-// BoundMachine returns the Machine bound to the NodeClaim, or nil.
+// BoundMachine returns the Machine bound to the NodeClaim and not released
+// (marked for deletion), or nil: a NodeClaim whose launch failed is raised
+// for again.
 func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.Machine, error) {
-	return p.machines.Bound(ctx, claim)
+	m, err := p.machines.Bound(ctx, claim)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	if _, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]; marked {
+		return nil, nil
+	}
+	return m, nil
 }
 
 // Release starts the removal of the Machine bound to a NodeClaim: it marks
@@ -200,6 +254,15 @@ func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.M
 // exists; then a replica raised for the claim is given back and
 // ErrMachineGone returned.
 func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machine) error {
+	if m == nil {
+		// The cache may not show a binding this process made lately: the
+		// replica is then the bound Machine's, released with it.
+		recent, err := p.recentlyBound(ctx, claim)
+		if err != nil {
+			return err
+		}
+		m = recent
+	}
 	if m == nil {
 		// No Machine: give back a replica raised for the claim, if any.
 		if err := p.giveBack(ctx, claim); err != nil {
@@ -221,10 +284,22 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 	if err := p.markForDeletion(ctx, m); err != nil {
 		return err
 	}
-	if err := p.scaler.Apply(ctx, types.NamespacedName{Namespace: m.Namespace, Name: mdName}, &op{kind: opRelease, name: m.Name}); err != nil {
+	key := types.NamespacedName{Namespace: m.Namespace, Name: mdName}
+	release := &op{kind: opRelease, name: m.Name}
+	if err := p.scaler.Apply(ctx, key, release); err != nil {
 		return err
 	}
 	crashPoint(StepRelease)
+	if atMin, err := p.keptAtMinSize(ctx, key, m, release); err != nil {
+		return err
+	} else if atMin {
+		// Replicas stay at min-size: the MachineSet would not remove the
+		// marked Machine, so the provider removes exactly it; the
+		// MachineSet replaces it with an unbound Machine.
+		if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
+			return err
+		}
+	}
 	if p.Events != nil && !wasMarked { // once, not at every retry of core's Delete
 		p.Events.Event(m, corev1.EventTypeNormal, "Released", "NodeClaim "+claim+" deleted: marked for deletion and its replica given back")
 	}

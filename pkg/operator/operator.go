@@ -117,12 +117,14 @@ func hubConfig(opts *options.Options, spoke *rest.Config) (*rest.Config, string,
 func (o *Operator) Run(ctx context.Context) {
 	store := instancetype.NewStore()
 	managed := lo.Must(o.Hub.NewManagedMachines(ctx))
-	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store)
 	ttl := options.DefaultUnavailableTTL
 	if opts := options.FromContext(ctx); opts != nil && opts.UnavailableTTL > 0 {
 		ttl = opts.UnavailableTTL
 	}
-	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, launch.NewUnavailable(ttl, store.Notify), store.Notify))
+	// One cache of exhausted offerings for both modes.
+	unavailable := launch.NewUnavailable(ttl, store.Notify)
+	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store, unavailable)
+	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, unavailable, store.Notify))
 	machines := hub.NewLookup(o.Hub, managed)
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
 	undecorated := cloudprovider.New(o.GetClient(), store, managed, machines, mdProvider, mProvider)
