@@ -75,7 +75,11 @@ func NewOperator(ctx context.Context, core *coreoperator.Operator) (*Operator, e
 	if err != nil {
 		return nil, err
 	}
-	h, err := hub.New(hubCfg, scheme.Scheme, hub.Scope{Namespace: opts.ClusterAPINamespace, ClusterName: opts.ClusterAPIClusterName})
+	scope, err := discoverScope(ctx, hubCfg, hub.Scope{Namespace: opts.ClusterAPINamespace, ClusterName: opts.ClusterAPIClusterName})
+	if err != nil {
+		return nil, err
+	}
+	h, err := hub.New(hubCfg, scheme.Scheme, scope)
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", flagName, err)
 	}
