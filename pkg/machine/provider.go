@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/launch"
@@ -205,7 +206,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	if err != nil {
 		return nil, err
 	}
-	crashPoint(StepInfrastructure)
+	failpoint.Crash(StepInfrastructure)
 	// cleanup removes what this call created when a later step cannot succeed.
 	cleanup := func(objs ...client.Object) {
 		for _, o := range objs {
@@ -243,7 +244,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		if createdConfig, err = p.ensure(ctx, config, claim); err != nil {
 			return nil, err
 		}
-		crashPoint(StepBootstrap)
+		failpoint.Crash(StepBootstrap)
 		bootstrap = clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{APIGroup: gvk.Group, Kind: config.GetKind(), Name: name}}
 	}
 
@@ -277,7 +278,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		}
 		return m, nil
 	}
-	crashPoint(StepMachine)
+	failpoint.Crash(StepMachine)
 	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeNormal, "Launched", "Launched for NodeClaim %s: %s in %q (%s) from %s %s",
 			claim, src.Name, offering.Zone, offering.CapacityType, resolved.Template.Kind, offering.Template.Name)

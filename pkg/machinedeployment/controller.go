@@ -31,6 +31,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
@@ -645,7 +646,7 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 	}
 	c.provider.recent.add(claim, m.Namespace+"/"+m.Name, c.provider.now())
 	c.provider.inflight.Delete(claim) // the raised replica is used
-	crashPoint(StepBind)
+	failpoint.Crash(StepBind)
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 	c.provider.waiters.Notify(claim)
 	c.event(c.hubEvents, m, corev1.EventTypeNormal, "Bound", "bound to NodeClaim "+claim)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/launch"
@@ -136,7 +137,7 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 				}
 				origin = &src.Origin
 				record(src.Origin)
-				crashPoint(StepChoose)
+				failpoint.Crash(StepChoose)
 			}
 			if err := p.scaler.Apply(ctx, *origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
 				if errors.Is(err, ErrAtMaxSize) {
@@ -148,7 +149,7 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
 			}
 			p.inflight.Store(claim, *origin)
-			crashPoint(StepReserve)
+			failpoint.Crash(StepReserve)
 		}
 	}
 	return p.waitForProviderID(ctx, claim)
@@ -205,7 +206,7 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				if !wokeAt.IsZero() {
 					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
 				}
-				crashPoint(StepLaunched)
+				failpoint.Crash(StepLaunched)
 				return m, nil
 			}
 			f, err := launch.ReadFailure(ctx, p.hub, m)
@@ -289,7 +290,7 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 	if err := p.scaler.Apply(ctx, key, release); err != nil {
 		return err
 	}
-	crashPoint(StepRelease)
+	failpoint.Crash(StepRelease)
 	if atMin, err := p.keptAtMinSize(ctx, key, m, release); err != nil {
 		return err
 	} else if atMin {
@@ -323,7 +324,7 @@ func (p *Provider) markForDeletion(ctx context.Context, m *clusterv1.Machine) er
 		}
 		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
 	}
-	crashPoint(StepMark)
+	failpoint.Crash(StepMark)
 	return nil
 }
 

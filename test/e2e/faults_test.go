@@ -28,7 +28,7 @@ func failpointRun(t *testing.T, step string, n int) *Provider {
 	}
 	var env []string
 	if step != "" {
-		env = []string{fmt.Sprintf("%s=%s:%d", machine.CrashAfterEnv, step, n)}
+		env = []string{fmt.Sprintf("%s=%s:%d", failpoint.CrashAfterEnv, step, n)}
 	}
 	p, err := StartProviderWithEnv(bin, w, "provider.log", env)
 	if err != nil {
