@@ -65,13 +65,13 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 	return &Provider{
 		hub:         h,
 		unavailable: unavailable,
-		machines:   hub.NewLookup(h, managed),
-		store:      store,
-		scaler:     newObservedScaler(h),
-		waiters:    hub.NewWaiters(),
-		LaunchWait: DefaultLaunchWait,
-		Events:     h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
-		now:        time.Now,
+		machines:    hub.NewLookup(h, managed),
+		store:       store,
+		scaler:      newObservedScaler(h),
+		waiters:     hub.NewWaiters(),
+		LaunchWait:  DefaultLaunchWait,
+		Events:      h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
+		now:         time.Now,
 	}
 }
 

@@ -33,7 +33,7 @@ func discoverScope(ctx context.Context, cfg *rest.Config, scope hub.Scope) (hub.
 		return scope, fmt.Errorf("--%s is unset and the Clusters of the management cluster cannot be listed to find the one this provider serves: %w", options.FlagClusterAPICluster, err)
 	}
 	return pickCluster(scope, list.Items, func(name string) {
-		log.FromContext(ctx).Info("serving the only Cluster in scope (--" + options.FlagClusterAPICluster + " unset)", "cluster", name)
+		log.FromContext(ctx).Info("serving the only Cluster in scope (--"+options.FlagClusterAPICluster+" unset)", "cluster", name)
 	})
 }
 
