@@ -195,8 +195,20 @@ func (c *Controller) mdsUsingTemplate(ctx context.Context, group, kind, namespac
 	return out
 }
 
-// Reconcile refreshes one MachineDeployment's Source and bookkeeping.
+// Reconcile refreshes one MachineDeployment's Source and bookkeeping. A
+// key that failed because a cluster is unreachable is looked at again
+// within hub.RetryAfterOutage, not after its exponential backoff, so the
+// controller resumes within seconds of the cluster's return.
 func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	res, err := c.reconcile(ctx, req)
+	if err != nil {
+		after, err := hub.OutageResult(err)
+		return reconcile.Result{RequeueAfter: after}, err
+	}
+	return res, nil
+}
+
+func (c *Controller) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	h := c.provider.hub
 	md := &clusterv1.MachineDeployment{}
 	if err := h.GetCache().Get(ctx, req.NamespacedName, md); err != nil {
