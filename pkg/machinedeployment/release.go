@@ -171,4 +171,3 @@ func (p *Provider) markSpare(ctx context.Context, m *clusterv1.Machine) error {
 	}
 	return nil
 }
-
