@@ -3,8 +3,6 @@ package machinedeployment
 import (
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
@@ -71,7 +69,7 @@ func (p *Provider) WithUnavailable(set *instancetype.Set) *instancetype.Set {
 func (p *Provider) markOfferings(it *cloudprovider.InstanceType) *cloudprovider.InstanceType {
 	var copied *cloudprovider.InstanceType
 	for i, of := range it.Offerings {
-		if !of.Available || !p.unavailable.Has(offeringKey(it.Name, of)) {
+		if !of.Available || !p.unavailable.Has(instancetype.KeyOf(it.Name, of)) {
 			continue
 		}
 		if copied == nil {
@@ -90,22 +88,4 @@ func (p *Provider) markOfferings(it *cloudprovider.InstanceType) *cloudprovider.
 		return it
 	}
 	return copied
-}
-
-// offeringKey is the typed key of an offering built by instancetype.Build:
-// its zone requirement, when it has one, is a single value; without one the
-// zone is "" (never Requirements.Any() of an unconstrained key, which is random).
-func offeringKey(name string, of *cloudprovider.Offering) instancetype.OfferingKey {
-	k := instancetype.OfferingKey{InstanceType: name}
-	if of.Requirements.Has(corev1.LabelTopologyZone) {
-		if vals := of.Requirements.Get(corev1.LabelTopologyZone).Values(); len(vals) == 1 {
-			k.Zone = vals[0]
-		}
-	}
-	if of.Requirements.Has(karpv1.CapacityTypeLabelKey) {
-		if vals := of.Requirements.Get(karpv1.CapacityTypeLabelKey).Values(); len(vals) == 1 {
-			k.CapacityType = vals[0]
-		}
-	}
-	return k
 }
