@@ -348,14 +348,17 @@ func (c *Controller) newestMachineSet(ctx context.Context, md *clusterv1.Machine
 	return "", nil
 }
 
-// bind labels and annotates a Machine as the NodeClaim's. The patch carries
-// no resourceVersion: Cluster API's controllers update a new Machine several
-// times in its first seconds, and an optimistic lock would turn each of those
-// into a conflict and a second write. Only this controller binds (one leader,
-// one reconcile per MachineDeployment at a time) and recent bindings are
-// remembered until the cache shows them, so nothing can bind concurrently.
+// bind labels and annotates a Machine as the NodeClaim's. Only this
+// controller binds (one leader, one reconcile per MachineDeployment at a
+// time) and recent bindings are remembered until the cache shows them, so
+// nothing binds concurrently; the optimistic lock keeps a Machine that got a
+// providerID or a Node since the cache's read from being bound (found by the
+// model test).
 func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
-	patch := client.MergeFrom(m.DeepCopy())
+	// The patch carries the resourceVersion the binding was decided on: a
+	// Machine that got a providerID or a Node since (the cache lags) is
+	// not bound (a conflict; the next pass decides on a fresh read).
+	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if m.Labels == nil {
 		m.Labels = map[string]string{}
 	}
