@@ -225,7 +225,7 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 	// lower gives one replica back, unless that would go below min-size:
 	// the replica then passes to whoever set the minimum (owned-1 only).
 	lower := func(o *op) {
-		if replicas-1 < minSize || owned <= 0 {
+		if replicas-1 < minSize || (hasOwned && owned <= 0) {
 			// At min-size, or no replica is Karpenter's by the count
 			// (someone else lowered them already): lowering would take a
 			// replica that is not ours.
