@@ -27,10 +27,10 @@ import (
 const DefaultLaunchWait = 2 * time.Minute
 
 // ErrMachineGone means the Machine is truly gone (a live read said so).
-var ErrMachineGone = errors.New("machine not found")
+var ErrMachineGone = launch.ErrMachineGone
 
 // ErrStillLaunching is returned when no providerID arrived within the wait.
-var ErrStillLaunching = errors.New("machine has no providerID yet")
+var ErrStillLaunching = launch.ErrStillLaunching
 
 // Provider implements MachineDeployment mode.
 type Provider struct {

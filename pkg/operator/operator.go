@@ -131,7 +131,7 @@ func (o *Operator) Run(ctx context.Context) {
 	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, unavailable, store.Notify))
 	machines := hub.NewLookup(o.Hub, managed)
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
-	undecorated := cloudprovider.New(o.GetClient(), store, managed, machines, mdProvider, mProvider)
+	undecorated := cloudprovider.New(o.GetClient(), managed, machines, mdProvider.Mode(), mProvider.Mode())
 	undecorated.WaitForHubWith(o.Hub.Reachability.Wait)
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	undecorated.UsePricesFrom(cloudProvider)

@@ -131,7 +131,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cp = cloudprovider.New(spoke.GetClient(), store, managed, lookup, machinedeployment.NewProvider(h, managed, store, unavailable), mm)
+	cp = cloudprovider.New(spoke.GetClient(), managed, lookup, machinedeployment.NewProvider(h, managed, store, unavailable).Mode(), mm.Mode())
 	nodePool = &karpv1.NodePool{Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
 		NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: "bench"},
 	}}}}
