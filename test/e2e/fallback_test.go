@@ -13,7 +13,8 @@ import (
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
-// Machine mode, one instance type exhausted in 3 of its 4 allowed
+// Machine mode, one instance type (one no other scenario uses: the
+// unavailable offerings are shared by both modes, as capacity is) exhausted in 3 of its 4 allowed
 // offerings (spot in both zones, on-demand in one): the same Create tries
 // them cheapest first and launches the fourth, as the AWS provider's
 // CreateFleet does, without handing the NodeClaim back to Karpenter (one
@@ -22,12 +23,12 @@ import (
 func TestMachineModeFallsBackWithinOneCreate(t *testing.T) {
 	zones := w.AWS.Zones()
 	machinePool(t, "fb", machinePoolOptions{CapacityTypes: []string{karpv1.CapacityTypeSpot, karpv1.CapacityTypeOnDemand}})
-	memberTemplate(t, "fb", "fb-m5-large", "m5.large", map[string]string{
+	memberTemplate(t, "fb", "fb-c5-xlarge", "c5.xlarge", map[string]string{
 		v1alpha1.PriceAnnotation: "0.096", v1alpha1.SpotPriceAnnotation: "0.035",
 	})
 	for _, o := range [][2]string{{zones[0], world.CapacityTypeSpot}, {zones[1], world.CapacityTypeSpot}, {zones[0], world.CapacityTypeOnDemand}} {
-		w.AWS.SetInsufficientCapacity("m5.large", o[0], o[1], true)
-		t.Cleanup(func() { w.AWS.SetInsufficientCapacity("m5.large", o[0], o[1], false) })
+		w.AWS.SetInsufficientCapacity("c5.xlarge", o[0], o[1], true)
+		t.Cleanup(func() { w.AWS.SetInsufficientCapacity("c5.xlarge", o[0], o[1], false) })
 	}
 	seen := watchNodeClaimNames(t, "fb")
 
