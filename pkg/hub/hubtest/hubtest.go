@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/meta/testrestmapper"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
@@ -49,8 +50,13 @@ func New(scope hub.Scope, funcs interceptor.Funcs, objs ...client.Object) *Hub {
 	return f
 }
 
+// mapper maps every kind of the scheme, as a hub serving Cluster API and
+// CAPA does (the fake client's default maps none: infrastructure machines
+// could not be read by kind).
+var mapper = testrestmapper.TestOnlyStaticRESTMapper(scheme.Scheme)
+
 func builder() *fake.ClientBuilder {
-	b := fake.NewClientBuilder().WithScheme(scheme.Scheme)
+	b := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithRESTMapper(mapper)
 	for _, i := range hub.Indexes() {
 		b = b.WithIndex(i.Object, i.Field, i.Extract)
 	}
