@@ -306,13 +306,18 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 }
 
 // bindable reports whether a Machine may be bound to a NodeClaim at all:
-// not bound, not marked, not being deleted, and not running anything yet (no
-// providerID, no Node). A Machine with a Node is somebody's running node,
-// whatever its age.
+// not bound, not marked, not being deleted, and without a Node. A Machine
+// with a Node is somebody's running node (workloads may run on it),
+// whatever its age. A providerID alone does not disqualify: the
+// infrastructure sets it seconds after the Machine is created (CAPA, at
+// RunInstances), so a provider that restarts during a burst would
+// otherwise never bind the Machines made for its own raises (found by the
+// e2e kill test). A new Machine without a Node is as good as any other
+// made after the raise.
 func bindable(m *clusterv1.Machine) bool {
 	_, bound := m.Annotations[v1alpha1.NodeClaimAnnotation]
 	_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
-	return !bound && !marked && m.DeletionTimestamp.IsZero() && m.Spec.ProviderID == "" && !m.Status.NodeRef.IsDefined()
+	return !bound && !marked && m.DeletionTimestamp.IsZero() && !m.Status.NodeRef.IsDefined()
 }
 
 // madeFor reports whether a Machine was created for a replica raised at
@@ -352,12 +357,10 @@ func (c *Controller) newestMachineSet(ctx context.Context, md *clusterv1.Machine
 // controller binds (one leader, one reconcile per MachineDeployment at a
 // time) and recent bindings are remembered until the cache shows them, so
 // nothing binds concurrently; the optimistic lock keeps a Machine that got a
-// providerID or a Node since the cache's read from being bound (found by the
-// model test).
+// Node since the cache's read from being bound (found by the model test).
 func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
 	// The patch carries the resourceVersion the binding was decided on: a
-	// Machine that got a providerID or a Node since (the cache lags) is
-	// not bound (a conflict; the next pass decides on a fresh read).
+	// Machine that got a Node since (the cache lags) is not bound (a conflict; the next pass decides on a fresh read).
 	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if m.Labels == nil {
 		m.Labels = map[string]string{}

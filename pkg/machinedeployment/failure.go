@@ -20,7 +20,10 @@ import (
 
 // launchFailedError is a launch the infrastructure reported failed; it
 // unwraps to Karpenter's InsufficientCapacityError.
-type launchFailedError struct{ err error }
+type launchFailedError struct {
+	err     error
+	machine string // "<ns>/<name>" of the Machine that failed
+}
 
 func (e *launchFailedError) Error() string { return e.err.Error() }
 func (e *launchFailedError) Unwrap() error { return e.err }
@@ -58,7 +61,7 @@ func (p *Provider) fail(ctx context.Context, claim string, m *clusterv1.Machine,
 	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeWarning, "LaunchFailed", "Launch for NodeClaim %s failed, Machine released and its offering left out: %s", claim, f.Message)
 	}
-	return &launchFailedError{err: cloudprovider.NewInsufficientCapacityError(
+	return &launchFailedError{machine: m.Namespace + "/" + m.Name, err: cloudprovider.NewInsufficientCapacityError(
 		fmt.Errorf("NodeClaim %s: launch of Machine %s/%s of MachineDeployment %s failed: %s", claim, m.Namespace, m.Name, origin, f.Message))}
 }
 

@@ -47,6 +47,9 @@ type Provider struct {
 	// own writes never binds a second Machine to a NodeClaim, or a Machine
 	// twice.
 	recent recentBindings
+	// released remembers the Machines this process marked for deletion
+	// until the cache shows the mark.
+	released releasedMachines
 	// unavailable holds offerings left out after a failed launch (shared
 	// with Machine mode).
 	unavailable *launch.Unavailable
@@ -56,6 +59,8 @@ type Provider struct {
 	// Events, when set, records events on Machines in the hub.
 	Events record.EventRecorder
 	now    func() time.Time
+	// after starts a launch wait (time.After; a test's clock may fire it at once).
+	after func(time.Duration) <-chan time.Time
 }
 
 // NewProvider returns the MachineDeployment mode provider.
@@ -70,11 +75,16 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		LaunchWait:  DefaultLaunchWait,
 		Events:      h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
 		now:         time.Now,
+		after:       time.After,
 	}
 }
 
 // SetClock replaces the provider's clock (tests).
 func (p *Provider) SetClock(now func() time.Time) { p.now = now }
+
+// SetLaunchTimer replaces how a launch wait is timed (tests: a timer that
+// fires at once makes Launch look once and return, no real-time wait).
+func (p *Provider) SetLaunchTimer(after func(time.Duration) <-chan time.Time) { p.after = after }
 
 // Scaler returns the provider's batched MachineDeployment writer.
 func (p *Provider) Scaler() *Scaler { return p.scaler }
@@ -95,12 +105,14 @@ func (p *Provider) Scaler() *Scaler { return p.scaler }
 // the failed one. When none is left, the InsufficientCapacity error goes to
 // Karpenter.
 func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
+	failedMachines := map[string]bool{}
 	for {
 		m, err := p.launchOnce(ctx, claim, chosen, record, choose)
 		var failed *launchFailedError
-		if !errors.As(err, &failed) {
-			return m, err
+		if !errors.As(err, &failed) || failedMachines[failed.machine] {
+			return m, err // a Machine failing twice: no progress, Karpenter retries
 		}
+		failedMachines[failed.machine] = true
 		chosen = nil // choose again: the failed offering is unavailable now
 		if _, chooseErr := choose(); chooseErr != nil {
 			return nil, err
@@ -180,8 +192,7 @@ func (p *Provider) reserved(ctx context.Context, claim string) (bool, error) {
 }
 
 func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {
-	timer := time.NewTimer(p.LaunchWait)
-	defer timer.Stop()
+	deadline := p.after(p.LaunchWait)
 	var wokeAt time.Time // when the last Machine event woke us
 	for {
 		ch := p.waiters.Register(claim)
@@ -220,7 +231,7 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 		select {
 		case <-ch:
 			wokeAt = p.now()
-		case <-timer.C:
+		case <-deadline:
 			p.waiters.Forget(claim, ch)
 			if m != nil {
 				return nil, fmt.Errorf("Machine %s/%s for NodeClaim %s: %w", m.Namespace, m.Name, claim, ErrStillLaunching)
@@ -241,7 +252,7 @@ func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.M
 	if err != nil || m == nil {
 		return nil, err
 	}
-	if _, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]; marked {
+	if _, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]; marked || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
 		return nil, nil
 	}
 	return m, nil

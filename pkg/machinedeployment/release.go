@@ -92,6 +92,7 @@ func (p *Provider) markForDeletion(ctx context.Context, m *clusterv1.Machine) er
 		}
 		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
 	}
+	p.released.add(m.Namespace+"/"+m.Name, p.now())
 	failpoint.Crash(StepMark)
 	return nil
 }

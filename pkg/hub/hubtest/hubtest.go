@@ -1,12 +1,10 @@
 // Package hubtest is a management cluster for unit and model tests: an
-// in-memory API server (controller-runtime's fake client, with the hub's
-// field indexes) behind a cache that lags until told to catch up, as an
-// informer does.
+// in-memory API server (Store, with the hub's field indexes) behind a cache
+// that lags until told to catch up, as an informer does.
 package hubtest
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -14,11 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
-	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 
@@ -31,42 +26,41 @@ import (
 // server itself while Lag is false).
 type Hub struct {
 	*hub.Hub
-	// API is the API server's truth.
+	// API is the API server's truth (writes pass the interceptor funcs).
 	API client.WithWatch
 
+	store    *Store
 	mu       sync.Mutex
 	lag      bool
-	snapshot client.Client
-	funcs    interceptor.Funcs
-}
-
-// New returns a fake hub holding objs, in scope.
-func New(scope hub.Scope, funcs interceptor.Funcs, objs ...client.Object) *Hub {
-	api := builder().WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
-	f := &Hub{API: api, funcs: funcs}
-	f.snapshot = builder().Build()
-	f.Sync()
-	f.Hub = &hub.Hub{Cluster: &fakeCluster{hub: f}, Scope: scope}
-	return f
+	snapshot *Store
 }
 
 // mapper maps every kind of the scheme, as a hub serving Cluster API and
-// CAPA does (the fake client's default maps none: infrastructure machines
-// could not be read by kind).
+// CAPA does (infrastructure machines are read by kind).
 var mapper = testrestmapper.TestOnlyStaticRESTMapper(scheme.Scheme)
 
-func builder() *fake.ClientBuilder {
-	b := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithRESTMapper(mapper)
+// NewIndexedStore returns an empty Store with the hub cache's field indexes.
+func NewIndexedStore() *Store {
+	s := NewStore(scheme.Scheme, mapper)
 	for _, i := range hub.Indexes() {
-		b = b.WithIndex(i.Object, i.Field, i.Extract)
+		s.Index(i.Object, i.Field, i.Extract)
 	}
-	return b
+	return s
 }
 
-// lists are the kinds a cache snapshot holds.
-func lists() []client.ObjectList {
-	return []client.ObjectList{&clusterv1.MachineList{}, &clusterv1.MachineDeploymentList{}, &clusterv1.MachineSetList{},
-		&clusterv1.ClusterList{}, &infrav1.AWSMachineList{}, &infrav1.AWSMachineTemplateList{}}
+// New returns a fake hub holding objs, in scope; funcs intercept the API
+// server's calls (a test's invariant checks).
+func New(scope hub.Scope, funcs interceptor.Funcs, objs ...client.Object) *Hub {
+	s := NewIndexedStore()
+	for _, o := range objs {
+		if err := s.Create(context.Background(), o); err != nil {
+			panic(err)
+		}
+	}
+	f := &Hub{API: interceptor.NewClient(s, funcs), store: s}
+	f.Sync()
+	f.Hub = &hub.Hub{Cluster: &fakeCluster{hub: f}, Scope: scope}
+	return f
 }
 
 // SetLag makes cache reads see the last Sync (true) or the API server (false).
@@ -78,17 +72,7 @@ func (f *Hub) SetLag(lag bool) {
 
 // Sync makes the cache catch up with the API server.
 func (f *Hub) Sync() {
-	var objs []client.Object
-	for _, l := range lists() {
-		if err := f.API.List(context.Background(), l); err != nil {
-			panic(fmt.Sprintf("listing %T: %v", l, err))
-		}
-		items, _ := meta.ExtractList(l)
-		for _, it := range items {
-			objs = append(objs, it.(client.Object))
-		}
-	}
-	snap := builder().WithObjects(objs...).Build()
+	snap := f.store.Snapshot()
 	f.mu.Lock()
 	f.snapshot = snap
 	f.mu.Unlock()
@@ -100,7 +84,7 @@ func (f *Hub) reader() client.Reader {
 	if f.lag {
 		return f.snapshot
 	}
-	return f.API
+	return f.store
 }
 
 // fakeCluster is the cluster.Cluster the provider's code reads through;
@@ -115,7 +99,7 @@ func (c *fakeCluster) GetAPIReader() client.Reader { return c.hub.API }
 func (c *fakeCluster) GetCache() cache.Cache       { return &laggingCache{hub: c.hub} }
 func (c *fakeCluster) GetScheme() *runtime.Scheme  { return scheme.Scheme }
 func (c *fakeCluster) GetRESTMapper() meta.RESTMapper {
-	return c.hub.API.RESTMapper()
+	return mapper
 }
 func (c *fakeCluster) GetEventRecorderFor(string) record.EventRecorder { return nil }
 

@@ -91,8 +91,8 @@ func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *
 		switch {
 		case w.userOwned[m.Name]:
 			w.failf("Machine %s of someone else (long running, with a Node) bound to %s", m.Name, claim)
-		case old.Status.NodeRef.IsDefined() || old.Spec.ProviderID != "":
-			w.failf("Machine %s bound to %s while it had a Node or providerID", m.Name, claim)
+		case old.Status.NodeRef.IsDefined():
+			w.failf("Machine %s bound to %s while it had a Node", m.Name, claim)
 		case !old.DeletionTimestamp.IsZero() || marked(old):
 			w.failf("Machine %s bound to %s while being deleted or marked", m.Name, claim)
 		}
@@ -165,8 +165,8 @@ func (w *world) checkState() {
 
 // checkSettled: invariant 6, once nothing changes.
 func (w *world) checkSettled() {
-	for name, c := range w.claims {
-		if !c.launched && !c.deleting {
+	for _, name := range w.claimNames() {
+		if c := w.claims[name]; !c.launched && !c.deleting {
 			w.failf("NodeClaim %s never launched", name)
 		}
 	}

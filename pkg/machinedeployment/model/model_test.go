@@ -25,8 +25,8 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 	case r < 15:
 		log("new NodeClaim " + w.newClaim())
 	case r < 25:
-		for name, c := range w.claims {
-			if c.launched && !c.deleting {
+		for _, name := range w.claimNames() { // sorted: a seed replays exactly
+			if c := w.claims[name]; c.launched && !c.deleting {
 				c.deleting = true // consolidation, expiry, drift
 				log("delete NodeClaim " + name)
 				break
@@ -87,15 +87,15 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 func (w *world) act(rng *rand.Rand) {
 	turns := []func(){
 		func() {
-			for name, c := range w.claims {
-				if !c.launched && !c.deleting {
+			for _, name := range w.claimNames() {
+				if c := w.claims[name]; !c.launched && !c.deleting {
 					_ = w.create(name)
 				}
 			}
 		},
 		func() {
-			for name, c := range w.claims {
-				if c.deleting {
+			for _, name := range w.claimNames() {
+				if w.claims[name].deleting {
 					_ = w.remove(name)
 				}
 			}

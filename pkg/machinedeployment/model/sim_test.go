@@ -142,6 +142,14 @@ func (w *world) must(err error) {
 
 func (w *world) clock() time.Time { return w.now }
 
+// fired is a launch wait that is over at once: Launch looks once and
+// returns (the world moves on between calls, not during one).
+var fired = func() <-chan time.Time {
+	ch := make(chan time.Time)
+	close(ch)
+	return ch
+}()
+
 // restart builds a provider and controller afresh, with no memory of the
 // previous ones: all they know comes from the hub and the spoke.
 func (w *world) restart() {
@@ -150,7 +158,7 @@ func (w *world) restart() {
 	w.unavailable.SetClock(w.clock)
 	w.provider = machinedeployment.NewProvider(w.hub.Hub, nil, w.store, w.unavailable)
 	w.provider.SetClock(w.clock)
-	w.provider.LaunchWait = time.Millisecond
+	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return fired })
 	w.controller = machinedeployment.NewController(w.provider, w.spoke, w.spoke)
 }
 
