@@ -41,6 +41,10 @@ envtest: ## Build (first run) and print the cached test API server binaries
 test: ## Run every test against real API servers
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
+.PHONY: model
+model: ## Randomized model of MachineDeployment binding (MODEL_STEPS, MODEL_SEED)
+	MODEL_STEPS=$${MODEL_STEPS:-20000} go test -count=1 -timeout 0 -run TestBindingModel -v ./pkg/machinedeployment/model
+
 .PHONY: bench
 bench: ## All benchmarks as one table + bench-results.json (exit 1 when a target is missed)
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" hack/bench.sh

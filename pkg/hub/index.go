@@ -47,41 +47,52 @@ func InfraTemplateKey(apiGroup, kind, name string) string {
 	return apiGroup + "/" + kind + "/" + name
 }
 
+// Index is one field index of the hub cache.
+type Index struct {
+	Object  client.Object
+	Field   string
+	Extract client.IndexerFunc
+}
+
+// Indexes are the hub cache's field indexes (also what a test's fake hub
+// must index to answer the provider's lookups).
+func Indexes() []Index {
+	return []Index{
+		{&clusterv1.Machine{}, IndexMachineNodeClaim, func(o client.Object) []string {
+			if name := o.GetAnnotations()[v1alpha1.NodeClaimAnnotation]; name != "" {
+				return []string{name}
+			}
+			return nil
+		}},
+		{&clusterv1.MachineDeployment{}, IndexMachineDeploymentPendingClaim, func(o client.Object) []string {
+			pending, _ := PendingNodeClaims(o)
+			out := make([]string, 0, len(pending))
+			for name := range pending {
+				out = append(out, name)
+			}
+			return out
+		}},
+		{&clusterv1.MachineDeployment{}, IndexMachineDeploymentInfraTemplate, func(o client.Object) []string {
+			ref := o.(*clusterv1.MachineDeployment).Spec.Template.Spec.InfrastructureRef
+			return []string{InfraTemplateKey(ref.APIGroup, ref.Kind, ref.Name)}
+		}},
+		{&clusterv1.MachineDeployment{}, IndexMachineDeploymentBootstrapTemplate, func(o client.Object) []string {
+			ref := o.(*clusterv1.MachineDeployment).Spec.Template.Spec.Bootstrap.ConfigRef
+			if !ref.IsDefined() {
+				return nil
+			}
+			return []string{InfraTemplateKey(ref.APIGroup, ref.Kind, ref.Name)}
+		}},
+	}
+}
+
 // SetupIndexes registers the hub cache's field indexes. Call before start.
 func (h *Hub) SetupIndexes(ctx context.Context) error {
 	idx := h.GetFieldIndexer()
-	if err := idx.IndexField(ctx, &clusterv1.Machine{}, IndexMachineNodeClaim, func(o client.Object) []string {
-		if name := o.GetAnnotations()[v1alpha1.NodeClaimAnnotation]; name != "" {
-			return []string{name}
+	for _, i := range Indexes() {
+		if err := idx.IndexField(ctx, i.Object, i.Field, i.Extract); err != nil {
+			return fmt.Errorf("indexing %T by %s: %w", i.Object, i.Field, err)
 		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("indexing Machines by NodeClaim: %w", err)
-	}
-	if err := idx.IndexField(ctx, &clusterv1.MachineDeployment{}, IndexMachineDeploymentPendingClaim, func(o client.Object) []string {
-		pending, _ := PendingNodeClaims(o)
-		out := make([]string, 0, len(pending))
-		for name := range pending {
-			out = append(out, name)
-		}
-		return out
-	}); err != nil {
-		return fmt.Errorf("indexing MachineDeployments by pending NodeClaim: %w", err)
-	}
-	if err := idx.IndexField(ctx, &clusterv1.MachineDeployment{}, IndexMachineDeploymentInfraTemplate, func(o client.Object) []string {
-		ref := o.(*clusterv1.MachineDeployment).Spec.Template.Spec.InfrastructureRef
-		return []string{InfraTemplateKey(ref.APIGroup, ref.Kind, ref.Name)}
-	}); err != nil {
-		return fmt.Errorf("indexing MachineDeployments by infrastructure template: %w", err)
-	}
-	if err := idx.IndexField(ctx, &clusterv1.MachineDeployment{}, IndexMachineDeploymentBootstrapTemplate, func(o client.Object) []string {
-		ref := o.(*clusterv1.MachineDeployment).Spec.Template.Spec.Bootstrap.ConfigRef
-		if !ref.IsDefined() {
-			return nil
-		}
-		return []string{InfraTemplateKey(ref.APIGroup, ref.Kind, ref.Name)}
-	}); err != nil {
-		return fmt.Errorf("indexing MachineDeployments by bootstrap template: %w", err)
 	}
 	return nil
 }

@@ -30,18 +30,31 @@ func (l *Lookup) Owned(m *clusterv1.Machine) bool {
 	return member && l.hub.Scope.Contains(m, m.Spec.ClusterName)
 }
 
-// Bound returns the Machine bound to the NodeClaim, or nil.
+// Bound returns the Machine bound to the NodeClaim, or nil: one that is
+// not leaving (being deleted or marked for deletion) when there is one.
 func (l *Lookup) Bound(ctx context.Context, claim string) (*clusterv1.Machine, error) {
 	list := &clusterv1.MachineList{}
 	if err := l.hub.GetCache().List(ctx, list, client.MatchingFields{IndexMachineNodeClaim: claim}); err != nil {
 		return nil, fmt.Errorf("looking up the Machine of NodeClaim %s: %w", claim, err)
 	}
+	// A claim may have a Machine on its way out (a failed launch released,
+	// a marked Machine) and the one launched in its place: the live one is
+	// the claim's Machine.
+	var leaving *clusterv1.Machine
 	for i := range list.Items {
-		if m := &list.Items[i]; l.Owned(m) {
-			return m, nil
+		m := &list.Items[i]
+		if !l.Owned(m) {
+			continue
 		}
+		if _, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]; marked || !m.DeletionTimestamp.IsZero() {
+			if leaving == nil {
+				leaving = m
+			}
+			continue
+		}
+		return m, nil
 	}
-	return nil, nil
+	return leaving, nil
 }
 
 // ByProviderID returns the Karpenter-managed Machine with this providerID,

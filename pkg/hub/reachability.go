@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,18 +28,45 @@ const (
 	probeTimeout  = 2 * time.Second
 )
 
-// Unreachable reports whether err means the management cluster's API server
-// did not answer (connection refused or reset, a dropped connection, a
-// timeout) or is not serving yet (503): a transient condition to wait out,
-// never an answer about any object.
+// Unreachable reports whether err means an API server did not answer
+// (connection refused or reset, a dropped connection, no route to it, a
+// failed DNS lookup, a timeout), is overloaded (429) or failed on its side
+// (5xx): a transient condition to wait out, never an answer about any
+// object.
 func Unreachable(err error) bool {
 	if err == nil {
 		return false
 	}
 	var netErr net.Error
-	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
+	var dnsErr *net.DNSError
+	if utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || (errors.As(err, &netErr) && netErr.Timeout()) ||
-		apierrors.IsServiceUnavailable(err)
+		errors.As(err, &dnsErr) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
+		errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	if apierrors.IsTooManyRequests(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) ||
+		apierrors.IsTimeout(err) || apierrors.IsInternalError(err) {
+		return true
+	}
+	var status apierrors.APIStatus
+	return errors.As(err, &status) && status.Status().Code >= 500
+}
+
+// RetryAfterOutage is how soon a controller looks again at a key that
+// failed because an API server is unreachable: a fixed, short delay instead
+// of controller-runtime's per-key exponential backoff (which reaches tens of
+// seconds after a dozen failures), so that it resumes within about this
+// long of the server's return.
+const RetryAfterOutage = ProbeInterval
+
+// OutageResult turns an unreachable-server error into a plain requeue after
+// RetryAfterOutage (the error is returned otherwise, backoff applies).
+func OutageResult(err error) (time.Duration, error) {
+	if Unreachable(err) {
+		return RetryAfterOutage, nil
+	}
+	return 0, err
 }
 
 // Reachability tells when an unreachable management cluster answers again,

@@ -27,6 +27,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 )
 
 // Catalogue resolves a Machine-mode NodeClass to instance types: one per
@@ -36,7 +37,7 @@ import (
 // scheduling pass costs a lookup.
 type Catalogue struct {
 	hub         *hub.Hub
-	unavailable *Unavailable
+	unavailable *launch.Unavailable
 	notify      func()
 
 	kinds           sync.Map // schema.GroupVersionKind -> *atomic.Int64 (event count)
@@ -66,7 +67,7 @@ type Resolved struct {
 
 // NewCatalogue returns a catalogue reading templates and Clusters from the
 // hub cache. notify is called when something it resolves from changed.
-func NewCatalogue(ctx context.Context, h *hub.Hub, unavailable *Unavailable, notify func()) (*Catalogue, error) {
+func NewCatalogue(ctx context.Context, h *hub.Hub, unavailable *launch.Unavailable, notify func()) (*Catalogue, error) {
 	c := &Catalogue{hub: h, unavailable: unavailable, notify: notify, memo: map[string]memo{}, launched: map[Offering]instancetype.Source{}}
 	informer, err := h.GetCache().GetInformer(ctx, &clusterv1.Cluster{}, cache.BlockUntilSynced(false))
 	if err != nil {

@@ -69,10 +69,12 @@ func (g *GarbageCollector) Register(_ context.Context, m manager.Manager) error 
 // Reconcile makes one pass.
 func (g *GarbageCollector) Reconcile(ctx context.Context) (reconciler.Result, error) {
 	if err := g.machines(ctx); err != nil {
-		return reconciler.Result{}, err
+		after, err := hub.OutageResult(err)
+		return reconciler.Result{RequeueAfter: after}, err
 	}
 	if err := g.leftovers(ctx); err != nil {
-		return reconciler.Result{}, err
+		after, err := hub.OutageResult(err)
+		return reconciler.Result{RequeueAfter: after}, err
 	}
 	return reconciler.Result{RequeueAfter: gcInterval}, nil
 }

@@ -22,8 +22,10 @@ import (
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -37,17 +39,17 @@ const DefaultLaunchWait = 2 * time.Minute
 const DefaultLaunchTimeout = 3 * time.Minute
 
 // ErrMachineGone means the Machine is truly gone (a live read said so).
-var ErrMachineGone = errors.New("machine not found")
+var ErrMachineGone = launch.ErrMachineGone
 
 // ErrStillLaunching is returned when no providerID arrived within the wait.
-var ErrStillLaunching = errors.New("machine has no providerID yet")
+var ErrStillLaunching = launch.ErrStillLaunching
 
 // Provider implements Machine mode.
 type Provider struct {
 	hub         *hub.Hub
 	machines    *hub.Lookup
 	catalogue   *Catalogue
-	unavailable *Unavailable
+	unavailable *launch.Unavailable
 	waiters     *hub.Waiters
 	// launching holds the NodeClaims this process is launching right now:
 	// the garbage collector leaves their objects alone.
@@ -138,7 +140,12 @@ func (p *Provider) watchInfra(ctx context.Context, gvk schema.GroupVersionKind) 
 // recorded is the offering an earlier attempt chose (from the NodeClaim),
 // record is told a new choice before anything is created, and choose picks
 // the offering when nothing was chosen yet.
-func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, recorded *Offering,
+//
+// attempt numbers the launches of one call after failed ones (0 first):
+// each attempt's objects have names of their own, so that a new attempt
+// never resumes the objects of a failed one while Cluster API removes
+// them. failed holds the names of the Machines of failed attempts.
+func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, attempt int, failed map[string]bool, recorded *Offering,
 	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (*clusterv1.Machine, error) {
 	p.launching.Store(claim, true)
 	defer p.launching.Delete(claim)
@@ -147,23 +154,34 @@ func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	if err != nil {
 		return nil, err
 	}
+	if m != nil && failed[m.Name] {
+		m = nil
+	}
 	if m == nil {
-		if m, err = p.create(ctx, nc, claim, recorded, record, choose); err != nil {
+		if m, err = p.create(ctx, nc, claim, attempt, recorded, record, choose); err != nil {
 			return nil, err
 		}
 	}
 	return p.await(ctx, claim, m)
 }
 
+// attemptName is the name of an attempt's objects.
+func attemptName(clusterName, claim string, attempt int) string {
+	if attempt == 0 {
+		return ObjectName(clusterName, claim)
+	}
+	return ObjectName(clusterName, fmt.Sprintf("%s-%d", claim, attempt))
+}
+
 // create creates the infrastructure machine, the bootstrap config and the
 // Machine, each only when missing.
-func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, recorded *Offering,
+func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, attempt int, recorded *Offering,
 	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (*clusterv1.Machine, error) {
 	resolved, err := p.catalogue.Resolve(ctx, nc)
 	if err != nil {
 		return nil, err
 	}
-	src, offering, err := p.offering(ctx, resolved, claim, recorded, choose)
+	src, offering, err := p.offering(ctx, resolved, claim, attempt, recorded, choose)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +203,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 			return nil, err
 		}
 	}
-	name := ObjectName(cluster.Name, claim)
+	name := attemptName(cluster.Name, claim, attempt)
 	if err := p.watchInfra(ctx, resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind))); err != nil {
 		return nil, err
 	}
@@ -204,7 +222,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	if err != nil {
 		return nil, err
 	}
-	crashPoint(StepInfrastructure)
+	failpoint.Crash(StepInfrastructure)
 	// cleanup removes what this call created when a later step cannot succeed.
 	cleanup := func(objs ...client.Object) {
 		for _, o := range objs {
@@ -242,7 +260,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		if createdConfig, err = p.ensure(ctx, config, claim); err != nil {
 			return nil, err
 		}
-		crashPoint(StepBootstrap)
+		failpoint.Crash(StepBootstrap)
 		bootstrap = clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{APIGroup: gvk.Group, Kind: config.GetKind(), Name: name}}
 	}
 
@@ -276,7 +294,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		}
 		return m, nil
 	}
-	crashPoint(StepMachine)
+	failpoint.Crash(StepMachine)
 	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeNormal, "Launched", "Launched for NodeClaim %s: %s in %q (%s) from %s %s",
 			claim, src.Name, offering.Zone, offering.CapacityType, resolved.Template.Kind, offering.Template.Name)
@@ -286,7 +304,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 
 // offering decides what to launch: the recorded choice, else what an
 // interrupted earlier attempt already created, else a new choice.
-func (p *Provider) offering(ctx context.Context, resolved *Resolved, claim string, recorded *Offering,
+func (p *Provider) offering(ctx context.Context, resolved *Resolved, claim string, attempt int, recorded *Offering,
 	choose func(*Resolved) (instancetype.Source, error)) (instancetype.Source, Offering, error) {
 	find := func(o Offering) (instancetype.Source, bool) {
 		for _, list := range resolved.Set.Origins {
@@ -311,7 +329,8 @@ func (p *Provider) offering(ctx context.Context, resolved *Resolved, claim strin
 	// was recorded (a crash) decides, so that the launch resumes.
 	existing := &unstructured.Unstructured{}
 	existing.SetGroupVersionKind(resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind)))
-	err = p.hub.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: src.Origin.Namespace, Name: ObjectName(src.ClusterName, claim)}, existing)
+	existingName := attemptName(src.ClusterName, claim, attempt)
+	err = p.hub.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: src.Origin.Namespace, Name: existingName}, existing)
 	switch {
 	case err == nil:
 		if o, perr := ParseOffering(existing.GetAnnotations()[v1alpha1.OfferingAnnotation]); perr == nil && existing.GetAnnotations()[v1alpha1.NodeClaimAnnotation] == claim {
@@ -320,7 +339,7 @@ func (p *Provider) offering(ctx context.Context, resolved *Resolved, claim strin
 			}
 		}
 	case !apierrors.IsNotFound(err):
-		return instancetype.Source{}, Offering{}, fmt.Errorf("reading %s %s/%s: %w", existing.GetKind(), src.Origin.Namespace, ObjectName(src.ClusterName, claim), err)
+		return instancetype.Source{}, Offering{}, fmt.Errorf("reading %s %s/%s: %w", existing.GetKind(), src.Origin.Namespace, existingName, err)
 	}
 	return src, Offering{Template: src.Origin, Zone: src.Zone, CapacityType: src.CapacityType}, nil
 }
@@ -436,31 +455,19 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 	}
 }
 
-// launchFailure reads the Machine's infrastructure machine for a failed launch.
+// launchFailure reads the Machine's infrastructure machine for a failed
+// launch, with the reader MachineDeployment mode uses too.
 func (p *Provider) launchFailure(ctx context.Context, m *clusterv1.Machine) (string, bool, error) {
-	ref := m.Spec.InfrastructureRef
-	gvk, err := ResolveKind(p.hub, ref.APIGroup, ref.Kind)
-	if err != nil {
+	f, err := launch.ReadFailure(ctx, p.hub, m)
+	if err != nil || !f.Failed {
 		return "", false, err
-	}
-	infra := &unstructured.Unstructured{}
-	infra.SetGroupVersionKind(gvk)
-	if err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, infra); err != nil {
-		if apierrors.IsNotFound(err) {
-			return "", false, nil // not in the cache yet
-		}
-		return "", false, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
-	}
-	f := ReadLaunchFailure(infra)
-	if !f.Failed {
-		return "", false, nil
 	}
 	if f.InsufficientCapacity {
 		metrics.MachineLaunchFailures.WithLabelValues("insufficient_capacity").Inc()
 	} else {
 		metrics.MachineLaunchFailures.WithLabelValues("failed").Inc()
 	}
-	return fmt.Sprintf("%s %s/%s: %s", ref.Kind, m.Namespace, ref.Name, f.Message), true, nil
+	return f.Message, true, nil
 }
 
 // fail gives up on a Machine's launch: its offering is left out for the
@@ -477,10 +484,21 @@ func (p *Provider) fail(ctx context.Context, m *clusterv1.Machine, claim, reason
 	}
 	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeWarning, "LaunchFailed", "Launch for NodeClaim %s failed, Machine deleted and offering %s left out for %s: %s",
-			claim, m.Annotations[v1alpha1.OfferingAnnotation], p.unavailable.ttl, reason)
+			claim, m.Annotations[v1alpha1.OfferingAnnotation], p.unavailable.TTL(), reason)
 	}
-	return cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: launch of Machine %s/%s failed: %s", claim, m.Namespace, m.Name, reason))
+	return &failedLaunchError{machine: m.Name, err: cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: launch of Machine %s/%s failed: %s", claim, m.Namespace, m.Name, reason))}
 }
+
+// failedLaunchError is a launch the infrastructure reported failed: its
+// Machine was removed and its offering left out, so another may be tried.
+// It is Karpenter's InsufficientCapacityError for whoever gets it.
+type failedLaunchError struct {
+	machine string
+	err     error
+}
+
+func (e *failedLaunchError) Error() string { return e.err.Error() }
+func (e *failedLaunchError) Unwrap() error { return e.err }
 
 // deleteMachine deletes exactly this Machine (UID precondition).
 func (p *Provider) deleteMachine(ctx context.Context, m *clusterv1.Machine) error {

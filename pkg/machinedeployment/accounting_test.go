@@ -156,22 +156,6 @@ func TestMeasureCountsBoundAndOrdersVictims(t *testing.T) {
 	}
 }
 
-func TestParseFailpoint(t *testing.T) {
-	for in, want := range map[string]*failpointSpec{
-		"md-reserve:3": {step: "md-reserve", n: 3},
-		"md-bind":      {step: "md-bind", n: 1},
-		"machine":      nil,
-		"md-bind:0":    nil,
-		"md-bind:x":    nil,
-		"":             nil,
-	} {
-		got := parseFailpoint(in)
-		if (got == nil) != (want == nil) || (got != nil && (got.step != want.step || got.n != want.n)) {
-			t.Errorf("parseFailpoint(%q) = %+v, want %+v", in, got, want)
-		}
-	}
-}
-
 // A disagreement is acted on once it outlives the grace; a count a
 // settling op was decided on is held back until the cache moves on.
 func TestDebtsGraceAndStaleCounts(t *testing.T) {

@@ -8,16 +8,17 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
-	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -26,10 +27,10 @@ import (
 const DefaultLaunchWait = 2 * time.Minute
 
 // ErrMachineGone means the Machine is truly gone (a live read said so).
-var ErrMachineGone = errors.New("machine not found")
+var ErrMachineGone = launch.ErrMachineGone
 
 // ErrStillLaunching is returned when no providerID arrived within the wait.
-var ErrStillLaunching = errors.New("machine has no providerID yet")
+var ErrStillLaunching = launch.ErrStillLaunching
 
 // Provider implements MachineDeployment mode.
 type Provider struct {
@@ -46,26 +47,44 @@ type Provider struct {
 	// own writes never binds a second Machine to a NodeClaim, or a Machine
 	// twice.
 	recent recentBindings
+	// released remembers the Machines this process marked for deletion
+	// until the cache shows the mark.
+	released releasedMachines
+	// unavailable holds offerings left out after a failed launch (shared
+	// with Machine mode).
+	unavailable *launch.Unavailable
+	view        unavailableView
 	// LaunchWait bounds one Launch call's wait for a providerID.
 	LaunchWait time.Duration
 	// Events, when set, records events on Machines in the hub.
 	Events record.EventRecorder
 	now    func() time.Time
+	// after starts a launch wait (time.After; a test's clock may fire it at once).
+	after func(time.Duration) <-chan time.Time
 }
 
 // NewProvider returns the MachineDeployment mode provider.
-func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store) *Provider {
+func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store, unavailable *launch.Unavailable) *Provider {
 	return &Provider{
-		hub:        h,
-		machines:   hub.NewLookup(h, managed),
-		store:      store,
-		scaler:     newObservedScaler(h),
-		waiters:    hub.NewWaiters(),
-		LaunchWait: DefaultLaunchWait,
-		Events:     h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
-		now:        time.Now,
+		hub:         h,
+		unavailable: unavailable,
+		machines:    hub.NewLookup(h, managed),
+		store:       store,
+		scaler:      newObservedScaler(h),
+		waiters:     hub.NewWaiters(),
+		LaunchWait:  DefaultLaunchWait,
+		Events:      h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
+		now:         time.Now,
+		after:       time.After,
 	}
 }
+
+// SetClock replaces the provider's clock (tests).
+func (p *Provider) SetClock(now func() time.Time) { p.now = now }
+
+// SetLaunchTimer replaces how a launch wait is timed (tests: a timer that
+// fires at once makes Launch look once and return, no real-time wait).
+func (p *Provider) SetLaunchTimer(after func(time.Duration) <-chan time.Time) { p.after = after }
 
 // Scaler returns the provider's batched MachineDeployment writer.
 func (p *Provider) Scaler() *Scaler { return p.scaler }
@@ -79,7 +98,29 @@ func (p *Provider) Scaler() *Scaler { return p.scaler }
 // the replica is raised, so that a retry after an ambiguous failure (the
 // update may have been applied) raises on the same MachineDeployment, where
 // raising is idempotent, and never on a second one.
+//
+// A launch the infrastructure reports failed (see fail) makes its offering
+// unavailable, gives its replica back with exactly its Machine, and tries
+// the next cheapest offering within the same call: choose no longer sees
+// the failed one. When none is left, the InsufficientCapacity error goes to
+// Karpenter.
 func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
+	failedMachines := map[string]bool{}
+	for {
+		m, err := p.launchOnce(ctx, claim, chosen, record, choose)
+		var failed *launchFailedError
+		if !errors.As(err, &failed) || failedMachines[failed.machine] {
+			return m, err // a Machine failing twice: no progress, Karpenter retries
+		}
+		failedMachines[failed.machine] = true
+		chosen = nil // choose again: the failed offering is unavailable now
+		if _, chooseErr := choose(); chooseErr != nil {
+			return nil, err
+		}
+	}
+}
+
+func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
 	m, err := p.BoundMachine(ctx, claim)
 	if err != nil {
 		return nil, err
@@ -106,13 +147,19 @@ func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.Names
 				}
 				origin = &src.Origin
 				record(src.Origin)
-				crashPoint(StepChoose)
+				failpoint.Crash(StepChoose)
 			}
 			if err := p.scaler.Apply(ctx, *origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
+				if errors.Is(err, ErrAtMaxSize) {
+					// Refused at the write: Karpenter re-plans on another
+					// offering; the store shows this one unavailable as
+					// soon as the cache has the replicas.
+					return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, err))
+				}
 				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
 			}
 			p.inflight.Store(claim, *origin)
-			crashPoint(StepReserve)
+			failpoint.Crash(StepReserve)
 		}
 	}
 	return p.waitForProviderID(ctx, claim)
@@ -145,8 +192,7 @@ func (p *Provider) reserved(ctx context.Context, claim string) (bool, error) {
 }
 
 func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {
-	timer := time.NewTimer(p.LaunchWait)
-	defer timer.Stop()
+	deadline := p.after(p.LaunchWait)
 	var wokeAt time.Time // when the last Machine event woke us
 	for {
 		ch := p.waiters.Register(claim)
@@ -169,14 +215,23 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				if !wokeAt.IsZero() {
 					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
 				}
-				crashPoint(StepLaunched)
+				failpoint.Crash(StepLaunched)
 				return m, nil
+			}
+			f, err := launch.ReadFailure(ctx, p.hub, m)
+			if err != nil {
+				p.waiters.Forget(claim, ch)
+				return nil, err
+			}
+			if f.Failed {
+				p.waiters.Forget(claim, ch)
+				return nil, p.fail(ctx, claim, m, f)
 			}
 		}
 		select {
 		case <-ch:
 			wokeAt = p.now()
-		case <-timer.C:
+		case <-deadline:
 			p.waiters.Forget(claim, ch)
 			if m != nil {
 				return nil, fmt.Errorf("Machine %s/%s for NodeClaim %s: %w", m.Namespace, m.Name, claim, ErrStillLaunching)
@@ -189,143 +244,18 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 	}
 }
 
-// BoundMachine returns the Machine bound to the NodeClaim, or nil.
+// BoundMachine returns the Machine bound to the NodeClaim and not released
+// (marked for deletion), or nil: a NodeClaim whose launch failed is raised
+// for again.
 func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.Machine, error) {
-	return p.machines.Bound(ctx, claim)
-}
-
-// Release starts the removal of the Machine bound to a NodeClaim: it marks
-// the Machine for deletion and lowers its MachineDeployment's replicas
-// (batched). m is the claim's Machine (hub.Lookup.Find), or nil when none
-// exists; then a replica raised for the claim is given back and
-// ErrMachineGone returned.
-func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machine) error {
-	if m == nil {
-		// No Machine: give back a replica raised for the claim, if any.
-		if err := p.giveBack(ctx, claim); err != nil {
-			return err
-		}
-		return ErrMachineGone
+	m, err := p.machines.Bound(ctx, claim)
+	if err != nil || m == nil {
+		return nil, err
 	}
-	if !m.DeletionTimestamp.IsZero() {
-		return nil
+	if _, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]; marked || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
+		return nil, nil
 	}
-	if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim || !p.machines.Owned(m) {
-		return fmt.Errorf("Machine %s/%s is not bound to NodeClaim %s: not touching it", m.Namespace, m.Name, claim)
-	}
-	mdName := m.Labels[clusterv1.MachineDeploymentNameLabel]
-	if mdName == "" {
-		return fmt.Errorf("Machine %s/%s has no label %s: cannot tell its MachineDeployment", m.Namespace, m.Name, clusterv1.MachineDeploymentNameLabel)
-	}
-	_, wasMarked := m.Annotations[clusterv1.DeleteMachineAnnotation]
-	if err := p.markForDeletion(ctx, m); err != nil {
-		return err
-	}
-	if err := p.scaler.Apply(ctx, types.NamespacedName{Namespace: m.Namespace, Name: mdName}, &op{kind: opRelease, name: m.Name}); err != nil {
-		return err
-	}
-	crashPoint(StepRelease)
-	if p.Events != nil && !wasMarked { // once, not at every retry of core's Delete
-		p.Events.Event(m, corev1.EventTypeNormal, "Released", "NodeClaim "+claim+" deleted: marked for deletion and its replica given back")
-	}
-	return nil
-}
-
-// markForDeletion annotates the Machine so that its MachineSet deletes it
-// first when replicas go down.
-func (p *Provider) markForDeletion(ctx context.Context, m *clusterv1.Machine) error {
-	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
-		return nil
-	}
-	patch := client.MergeFrom(m.DeepCopy())
-	if m.Annotations == nil {
-		m.Annotations = map[string]string{}
-	}
-	m.Annotations[clusterv1.DeleteMachineAnnotation] = p.now().UTC().Format(time.RFC3339)
-	if err := p.hub.GetClient().Patch(ctx, m, patch); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ErrMachineGone
-		}
-		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
-	}
-	crashPoint(StepMark)
-	return nil
-}
-
-// giveBack lowers the replicas raised for a claim that has no Machine.
-func (p *Provider) giveBack(ctx context.Context, claim string) error {
-	mds := &clusterv1.MachineDeploymentList{}
-	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}); err != nil {
-		return fmt.Errorf("looking up MachineDeployments pending for NodeClaim %s: %w", claim, err)
-	}
-	keys := map[types.NamespacedName]bool{}
-	for i := range mds.Items {
-		md := &mds.Items[i]
-		keys[client.ObjectKeyFromObject(md)] = true
-		if err := p.markGiveBackVictim(ctx, md, claim); err != nil {
-			return err
-		}
-	}
-	if v, ok := p.inflight.Load(claim); ok {
-		keys[v.(types.NamespacedName)] = true
-	}
-	for key := range keys {
-		if err := p.scaler.Apply(ctx, key, &op{kind: opGiveBack, name: claim}); err != nil {
-			return fmt.Errorf("giving back the replica raised for NodeClaim %s on MachineDeployment %s: %w", claim, key, err)
-		}
-	}
-	p.inflight.Delete(claim)
-	return nil
-}
-
-// markGiveBackVictim marks the unbound Machine that the replica raised for
-// claim on md may already have made, so that giving the replica back
-// removes that Machine and not one the MachineSet picks by its own order.
-func (p *Provider) markGiveBackVictim(ctx context.Context, md *clusterv1.MachineDeployment, claim string) error {
-	pending, err := hub.PendingNodeClaims(md)
-	if err != nil {
-		return err
-	}
-	since, ok := pending[claim]
-	if !ok {
-		return nil
-	}
-	machines := &clusterv1.MachineList{}
-	if err := p.hub.GetCache().List(ctx, machines, client.InNamespace(md.Namespace),
-		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
-		return fmt.Errorf("listing Machines of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
-	}
-	released, _ := hub.ReleasedMachines(md)
-	sets, err := p.machineSets(ctx, md)
-	if err != nil {
-		return err
-	}
-	newest := ""
-	if ms := newestOf(md, sets); ms != nil {
-		newest = ms.Name
-	}
-	use := measure(machines.Items, pending, released, newest, func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) })
-	if victim := pickVictim(use.victims, nil, since.Add(-bindSkew)); victim != nil {
-		return p.markSpare(ctx, victim)
-	}
-	return nil
-}
-
-// markSpare marks an unbound Machine for deletion, to give a replica back
-// with it (see spareMark).
-func (p *Provider) markSpare(ctx context.Context, m *clusterv1.Machine) error {
-	if spareMarked(m) {
-		return nil
-	}
-	patch := client.MergeFrom(m.DeepCopy())
-	if m.Annotations == nil {
-		m.Annotations = map[string]string{}
-	}
-	m.Annotations[clusterv1.DeleteMachineAnnotation] = spareMark
-	if err := p.hub.GetClient().Patch(ctx, m, patch); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
-	}
-	return nil
+	return m, nil
 }
 
 // machineSets lists the MachineSets of a MachineDeployment from the cache.

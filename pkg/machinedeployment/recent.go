@@ -68,3 +68,33 @@ func (r *recentBindings) machineBound(machine string) bool {
 	_, ok := r.machines[machine]
 	return ok
 }
+
+// releasedMachines holds Machines this process marked for deletion lately,
+// until the cache shows the mark: a Launch retried at once after a failed
+// launch must not find the failed Machine still bound (the cache lags) and
+// fail it again, in a loop.
+type releasedMachines struct {
+	mu sync.Mutex
+	at map[string]time.Time // "<ns>/<machine>" -> when marked
+}
+
+func (r *releasedMachines) add(machine string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.at == nil {
+		r.at = map[string]time.Time{}
+	}
+	r.at[machine] = now
+	for m, t := range r.at {
+		if now.Sub(t) > recentTTL {
+			delete(r.at, m)
+		}
+	}
+}
+
+func (r *releasedMachines) has(machine string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.at[machine]
+	return ok && now.Sub(t) <= recentTTL
+}

@@ -2,7 +2,10 @@ package machinedeployment
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,7 +15,25 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 )
+
+// ErrAtMaxSize refuses a reservation that would raise a MachineDeployment
+// past its max-size annotation.
+var ErrAtMaxSize = errors.New("at its max size (" + instancetype.MaxSizeAnnotation + ")")
+
+// sizeBound reads a min-size or max-size annotation; ok is false when absent.
+func sizeBound(md *clusterv1.MachineDeployment, key string) (n int32, ok bool, err error) {
+	raw, ok := md.Annotations[key]
+	if !ok {
+		return 0, false, nil
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 32)
+	if err != nil || v < 0 {
+		return 0, false, fmt.Errorf("MachineDeployment %s/%s: annotation %q is %q, not a non-negative integer", md.Namespace, md.Name, key, raw)
+	}
+	return int32(v), true, nil
+}
 
 // op is one change to a MachineDeployment's replicas and bookkeeping. Each
 // op is idempotent: it says which entry to add or remove and changes
@@ -28,7 +49,11 @@ type op struct {
 	// opForgive was decided on: it applies only while the count is still
 	// that (-1 for opSetOwned: only while there is no count), so that a
 	// decision made on a stale read is never applied twice.
-	expect  int32
+	expect int32
+	// err is set by applyOps when the op was refused (a reservation past
+	// max-size); kept when a give-back left spec.replicas at min-size.
+	err     error
+	kept    bool
 	applied chan error
 }
 
@@ -134,6 +159,10 @@ func (s *Scaler) drain(key types.NamespacedName, q *queue) {
 			s.OnError(err)
 		}
 		for _, o := range batch {
+			if err == nil {
+				o.applied <- o.err
+				continue
+			}
 			o.applied <- err
 		}
 	}
@@ -171,6 +200,9 @@ func (s *Scaler) write(ctx context.Context, key types.NamespacedName, batch []*o
 
 // applyOps changes md in place and reports whether anything changed.
 func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
+	for _, o := range batch { // a retry after a conflict decides afresh
+		o.err, o.kept = nil, false
+	}
 	pending, err := hub.PendingNodeClaims(md)
 	if err != nil {
 		// Never build on a value we cannot read: refuse and say why.
@@ -188,11 +220,34 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 		replicas = *md.Spec.Replicas
 	}
 	before := replicas
+	maxSize, hasMax, maxErr := sizeBound(md, instancetype.MaxSizeAnnotation)
+	minSize, _, _ := sizeBound(md, instancetype.MinSizeAnnotation) // malformed: no minimum
+	// lower gives one replica back, unless that would go below min-size:
+	// the replica then passes to whoever set the minimum (owned-1 only).
+	lower := func(o *op) {
+		if replicas-1 < minSize || (hasOwned && owned <= 0) {
+			// At min-size, or no replica is Karpenter's by the count
+			// (someone else lowered them already): lowering would take a
+			// replica that is not ours.
+			o.kept = true
+			return
+		}
+		replicas = max(replicas-1, 0)
+	}
 	changed := false
 	for _, o := range batch {
 		switch o.kind {
 		case opReserve:
 			if _, ok := pending[o.name]; !ok {
+				// Max-size is enforced here, on the replicas this very
+				// update writes, so a batch never raises past it.
+				if maxErr != nil || (hasMax && replicas+1 > maxSize) {
+					o.err = fmt.Errorf("MachineDeployment %s/%s: %w", md.Namespace, md.Name, ErrAtMaxSize)
+					if maxErr != nil {
+						o.err = fmt.Errorf("%w: %w", o.err, maxErr)
+					}
+					continue
+				}
 				pending[o.name] = o.since.UTC().Truncate(time.Second)
 				replicas++
 				owned++
@@ -206,14 +261,14 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 		case opGiveBack:
 			if _, ok := pending[o.name]; ok {
 				delete(pending, o.name)
-				replicas = max(replicas-1, 0)
+				lower(o)
 				owned--
 				changed = true
 			}
 		case opRelease:
 			if !released[o.name] {
 				released[o.name] = true
-				replicas = max(replicas-1, 0)
+				lower(o)
 				owned--
 				changed = true
 			}
@@ -229,8 +284,8 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 			}
 		case opSpare:
 			if hasOwned && owned == o.expect && owned > 0 {
+				lower(o)
 				owned--
-				replicas = max(replicas-1, 0)
 				changed = true
 			}
 		case opForgive:

@@ -28,6 +28,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
@@ -74,7 +75,11 @@ func NewOperator(ctx context.Context, core *coreoperator.Operator) (*Operator, e
 	if err != nil {
 		return nil, err
 	}
-	h, err := hub.New(hubCfg, scheme.Scheme, hub.Scope{Namespace: opts.ClusterAPINamespace, ClusterName: opts.ClusterAPIClusterName})
+	scope, err := discoverScope(ctx, hubCfg, hub.Scope{Namespace: opts.ClusterAPINamespace, ClusterName: opts.ClusterAPIClusterName})
+	if err != nil {
+		return nil, err
+	}
+	h, err := hub.New(hubCfg, scheme.Scheme, scope)
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", flagName, err)
 	}
@@ -116,15 +121,17 @@ func hubConfig(opts *options.Options, spoke *rest.Config) (*rest.Config, string,
 func (o *Operator) Run(ctx context.Context) {
 	store := instancetype.NewStore()
 	managed := lo.Must(o.Hub.NewManagedMachines(ctx))
-	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store)
 	ttl := options.DefaultUnavailableTTL
 	if opts := options.FromContext(ctx); opts != nil && opts.UnavailableTTL > 0 {
 		ttl = opts.UnavailableTTL
 	}
-	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, machine.NewUnavailable(ttl, store.Notify), store.Notify))
+	// One cache of exhausted offerings for both modes.
+	unavailable := launch.NewUnavailable(ttl, store.Notify)
+	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store, unavailable)
+	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, unavailable, store.Notify))
 	machines := hub.NewLookup(o.Hub, managed)
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
-	undecorated := cloudprovider.New(o.GetClient(), store, managed, machines, mdProvider, mProvider)
+	undecorated := cloudprovider.New(o.GetClient(), managed, machines, mdProvider.Mode(), mProvider.Mode())
 	undecorated.WaitForHubWith(o.Hub.Reachability.Wait)
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	undecorated.UsePricesFrom(cloudProvider)

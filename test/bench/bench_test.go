@@ -27,6 +27,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
@@ -48,7 +49,7 @@ var (
 	nodePool    *karpv1.NodePool
 	nodePoolMM  *karpv1.NodePool
 	mdList      []*clusterv1.MachineDeployment
-	unavailable *machine.Unavailable
+	unavailable *launch.Unavailable
 )
 
 func TestMain(m *testing.M) {
@@ -118,7 +119,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	unavailable = machine.NewUnavailable(time.Hour, nil)
+	unavailable = launch.NewUnavailable(time.Hour, nil)
 	catalogue, err := machine.NewCatalogue(ctx, h, unavailable, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -130,7 +131,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cp = cloudprovider.New(spoke.GetClient(), store, managed, lookup, machinedeployment.NewProvider(h, managed, store), mm)
+	cp = cloudprovider.New(spoke.GetClient(), managed, lookup, machinedeployment.NewProvider(h, managed, store, unavailable).Mode(), mm.Mode())
 	nodePool = &karpv1.NodePool{Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
 		NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: "bench"},
 	}}}}

@@ -14,7 +14,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
-	"github.com/autonode/karpenter-clusterapi/pkg/machine"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
@@ -28,7 +28,7 @@ func failpointRun(t *testing.T, step string, n int) *Provider {
 	}
 	var env []string
 	if step != "" {
-		env = []string{fmt.Sprintf("%s=%s:%d", machine.CrashAfterEnv, step, n)}
+		env = []string{fmt.Sprintf("%s=%s:%d", failpoint.CrashAfterEnv, step, n)}
 	}
 	p, err := StartProviderWithEnv(bin, w, "provider.log", env)
 	if err != nil {

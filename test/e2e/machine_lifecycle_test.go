@@ -20,6 +20,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 )
 
@@ -155,7 +156,7 @@ func TestMachineModeCrashAtEachLaunchStep(t *testing.T) {
 			memberTemplate(t, name, name+"-m5", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
 
 			provider.Kill()
-			crashing, err := StartProviderWithEnv(bin, w, "provider.log", []string{machine.CrashAfterEnv + "=" + step})
+			crashing, err := StartProviderWithEnv(bin, w, "provider.log", []string{failpoint.CrashAfterEnv + "=" + step})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,10 +24,12 @@ import (
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
-// BuildProvider builds the provider binary into dir.
+// BuildProvider builds the provider binary into dir, with the crash points
+// of pkg/failpoint compiled in (the kill tests use them; the shipped binary
+// has none).
 func BuildProvider(dir string) (string, error) {
 	bin := filepath.Join(dir, "karpenter-clusterapi")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd := exec.Command("go", "build", "-tags", "failpoints", "-o", bin, ".")
 	cmd.Dir = environment.RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -1,4 +1,7 @@
-package machine
+// Package launch holds what both modes need to launch and to notice a failed
+// launch: the infrastructure machine's failure reader and the cache of
+// offerings left out after a capacity failure.
+package launch
 
 import (
 	"strings"

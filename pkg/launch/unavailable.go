@@ -1,4 +1,4 @@
-package machine
+package launch
 
 import (
 	"sort"
@@ -51,6 +51,16 @@ func (u *Unavailable) Mark(key instancetype.OfferingKey, reason string) {
 		// Tell listeners when it expires, so status and schedulers see it back.
 		time.AfterFunc(u.ttl+10*time.Millisecond, func() { u.Version() })
 	}
+}
+
+// TTL is how long an offering stays unavailable.
+func (u *Unavailable) TTL() time.Duration { return u.ttl }
+
+// SetClock replaces the clock (tests).
+func (u *Unavailable) SetClock(now func() time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.now = now
 }
 
 // Has reports whether the offering is unavailable now.

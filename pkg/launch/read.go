@@ -1,0 +1,43 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+)
+
+// ReadFailure reads the infrastructure machine of a Machine from the hub
+// cache and reports a failed launch (see ReadLaunchFailure), with the
+// infrastructure machine named in the message. An infrastructure machine
+// the cache does not hold yet (or a Machine that names none yet) is no
+// failure.
+func ReadFailure(ctx context.Context, h *hub.Hub, m *clusterv1.Machine) (LaunchFailure, error) {
+	ref := m.Spec.InfrastructureRef
+	if ref.Name == "" {
+		return LaunchFailure{}, nil
+	}
+	mapping, err := h.GetRESTMapper().RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
+	if err != nil {
+		return LaunchFailure{}, fmt.Errorf("Machine %s/%s: kind %s.%s is not served by the management cluster: %w", m.Namespace, m.Name, ref.Kind, ref.APIGroup, err)
+	}
+	infra := &unstructured.Unstructured{}
+	infra.SetGroupVersionKind(mapping.GroupVersionKind)
+	if err := h.GetCache().Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, infra); err != nil {
+		if apierrors.IsNotFound(err) {
+			return LaunchFailure{}, nil
+		}
+		return LaunchFailure{}, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
+	}
+	f := ReadLaunchFailure(infra)
+	if f.Failed {
+		f.Message = fmt.Sprintf("%s %s/%s: %s", ref.Kind, m.Namespace, ref.Name, f.Message)
+	}
+	return f, nil
+}

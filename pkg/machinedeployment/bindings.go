@@ -1,0 +1,402 @@
+package machinedeployment
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+	"github.com/autonode/karpenter-clusterapi/pkg/spoke"
+)
+
+// The binding protocol of docs/design/machinedeployment-binding.md: bind
+// Machines made for a raise to the NodeClaims they were raised for, give
+// back what belongs to NodeClaims that are gone, settle spare replicas.
+
+// reconcileBindings binds new Machines to pending NodeClaims, drops pending
+// entries that are bound, forgets released Machines that are gone, gives
+// back what belongs to NodeClaims that no longer exist, and settles owned
+// replicas that no NodeClaim uses (see OwnedReplicasAnnotation). It returns
+// when to look again.
+func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.MachineDeployment) (time.Duration, error) {
+	p := c.provider
+	key := client.ObjectKeyFromObject(md)
+	pending, err := hub.PendingNodeClaims(md)
+	if err != nil {
+		return 0, err
+	}
+	pendingCount := int32(len(pending))
+	pendingBefore := maps.Clone(pending)
+	released, err := hub.ReleasedMachines(md)
+	if err != nil {
+		return 0, err
+	}
+	owned, hasOwned, ownedErr := ownedReplicas(md)
+	if ownedErr != nil {
+		log.FromContext(ctx).Error(ownedErr, "counting the owned replicas again", "MachineDeployment", key)
+	}
+	machines := &clusterv1.MachineList{}
+	if err := p.hub.GetCache().List(ctx, machines, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		return 0, fmt.Errorf("listing Machines of MachineDeployment %s: %w", key, err)
+	}
+	newest, err := c.newestMachineSet(ctx, md)
+	if err != nil {
+		return 0, err
+	}
+	now := p.now()
+	var ops []*op
+	var requeue time.Duration
+	later := func(d time.Duration) {
+		if requeue == 0 || d < requeue {
+			requeue = d
+		}
+	}
+
+	var cleanups []*op
+	oldestCleanup := now
+	cleanup := func(o *op, since time.Time) {
+		cleanups = append(cleanups, o)
+		if since.Before(oldestCleanup) {
+			oldestCleanup = since
+		}
+	}
+
+	recentlyBound := func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) }
+	use := measure(machines.Items, pendingBefore, released, newest, recentlyBound)
+	// debt > 0: owned replicas no NodeClaim uses (a Karpenter Machine was
+	// deleted by someone else); < 0: NodeClaims hold more than is counted.
+	debt := owned - use.bound - pendingCount
+
+	existing := map[string]bool{}
+	var candidates []*clusterv1.Machine
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		existing[m.Name] = true
+		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
+			if since, ok := pending[claim]; ok {
+				cleanup(&op{kind: opBound, name: claim}, since)
+				delete(pending, claim)
+			}
+			if gone, err := c.orphaned(ctx, m, claim, now); err != nil {
+				return 0, err
+			} else if gone {
+				log.FromContext(ctx).Info("releasing Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
+				c.event(c.hubEvents, m, corev1.EventTypeNormal, "OrphanReleased", fmt.Sprintf("NodeClaim %s is gone: marked for deletion and its replica given back", claim))
+				if err := p.markForDeletion(ctx, m); err != nil && err != ErrMachineGone {
+					return 0, err
+				}
+				ops = append(ops, &op{kind: opRelease, name: m.Name})
+				metrics.OrphansReleased.WithLabelValues("machine").Inc()
+			} else if m.DeletionTimestamp.IsZero() {
+				later(OrphanGrace)
+			}
+			continue
+		}
+		// Bound is decided by the nodeclaim annotation alone: the member
+		// label may come from the MachineDeployment's Machine template
+		// (ClusterClass topology copies a topology's labels there), and
+		// then every new Machine carries it unbound.
+		if bindable(m) && !recentlyBound(m) {
+			candidates = append(candidates, m)
+		}
+	}
+	for name := range released {
+		if !existing[name] {
+			cleanup(&op{kind: opForget, name: name}, time.Time{})
+		}
+	}
+
+	// Oldest claim gets the oldest new Machine.
+	claims := make([]string, 0, len(pending))
+	for claim := range pending {
+		claims = append(claims, claim)
+	}
+	sort.Slice(claims, func(i, j int) bool {
+		if !pending[claims[i]].Equal(pending[claims[j]]) {
+			return pending[claims[i]].Before(pending[claims[j]])
+		}
+		return claims[i] < claims[j]
+	})
+	sort.Slice(candidates, func(i, j int) bool {
+		return candidates[i].CreationTimestamp.Before(&candidates[j].CreationTimestamp)
+	})
+	taken := map[string]bool{} // Machines bound or given back in this pass
+	alive := map[string]bool{} // "<ns>/<name>" of Machines not being deleted
+	for i := range machines.Items {
+		if m := &machines.Items[i]; m.DeletionTimestamp.IsZero() {
+			alive[m.Namespace+"/"+m.Name] = true
+		}
+	}
+	for _, claim := range claims {
+		since := pending[claim]
+		// A Machine bound elsewhere (another MachineSet, or a race) settles
+		// it, and so does a binding this process made that the cache does
+		// not show yet, unless that Machine went away since: the claim was
+		// raised for again and needs another.
+		if machine, ok := p.recent.claimMachine(claim, now); ok {
+			if alive[machine] {
+				cleanup(&op{kind: opBound, name: claim}, since)
+				continue
+			}
+			p.recent.forget(claim)
+		}
+		if m, err := p.BoundMachine(ctx, claim); err != nil {
+			return 0, err
+		} else if m != nil {
+			cleanup(&op{kind: opBound, name: claim}, since)
+			continue
+		}
+		gone, err := c.nodeClaimGone(ctx, claim, since, now)
+		if err != nil {
+			return 0, err
+		}
+		if gone {
+			log.FromContext(ctx).Info("giving back replica of a NodeClaim that is gone", "MachineDeployment", key, "NodeClaim", claim)
+			// The Machine raised for it may exist already: mark it, or
+			// the MachineSet would pick one by its own deletion order,
+			// possibly a bound one.
+			if victim := pickVictim(use.victims, taken, since.Add(-bindSkew)); victim != nil {
+				if err := p.markSpare(ctx, victim); err != nil {
+					return 0, err
+				}
+				taken[victim.Name] = true
+			}
+			c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaGivenBack", fmt.Sprintf("NodeClaim %s is gone before a Machine was bound to it: replica given back", claim))
+			ops = append(ops, &op{kind: opGiveBack, name: claim})
+			metrics.OrphansReleased.WithLabelValues("replica").Inc()
+			p.inflight.Delete(claim)
+			continue
+		}
+		// Machines raised for NodeClaims come after them. No exception
+		// for a spare replica: it is given back (settleOwned), never a
+		// licence to bind a Machine that was not made for a raise.
+		idx := -1
+		for i, m := range candidates {
+			if !taken[m.Name] && madeFor(m, since) {
+				idx = i
+				break
+			}
+		}
+		if idx < 0 {
+			later(OrphanGrace)
+			continue
+		}
+		m := candidates[idx]
+		candidates = append(candidates[:idx], candidates[idx+1:]...)
+		if err := c.bind(ctx, m, claim); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				later(time.Second)
+				continue
+			}
+			return 0, err
+		}
+		taken[m.Name] = true
+		cleanup(&op{kind: opBound, name: claim}, since)
+	}
+
+	var settle *op
+	if len(ops) == 0 {
+		var wait time.Duration
+		if settle, wait, err = c.settleOwned(ctx, md, owned, hasOwned, debt, use, taken, now); err != nil {
+			return 0, err
+		}
+		if wait > 0 {
+			later(wait)
+		}
+		if settle != nil {
+			ops = append(ops, settle)
+		}
+	} else if debt != 0 {
+		later(time.Second) // settle once the counting writes are in
+	}
+
+	// Bookkeeping that changes no count rides along with the next counting
+	// write, or goes alone once it is cleanupDelay old: a burst then costs
+	// the MachineDeployment a few writes, not one per bound Machine.
+	if len(ops) == 0 && len(cleanups) > 0 {
+		if wait := cleanupDelay - now.Sub(oldestCleanup); wait > 0 {
+			later(wait)
+			cleanups = nil
+		}
+	}
+	ops = append(ops, cleanups...)
+	if len(ops) > 0 {
+		if err := p.scaler.Apply(ctx, key, ops...); err != nil {
+			return 0, err
+		}
+		if settle != nil && hasOwned {
+			c.debts.decided(key, owned, now)
+		}
+	}
+	return requeue, nil
+}
+
+// settleOwned decides what to do about owned replicas no NodeClaim uses
+// (debt > 0) or NodeClaims holding more than is counted (debt < 0), once
+// that has lasted OrphanGrace: give a spare replica back with an unbound
+// Machine, forget it when someone else lowered the replicas already, or
+// count again. It returns the op to apply (or nil) and when to look again.
+func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeployment, owned int32, hasOwned bool, debt int32, use usage, taken map[string]bool, now time.Time) (*op, time.Duration, error) {
+	key := client.ObjectKeyFromObject(md)
+	if !hasOwned {
+		return &op{kind: opSetOwned, bound: use.bound, expect: -1}, 0, nil
+	}
+	if debt == 0 {
+		c.debts.clear(key)
+		return nil, 0, nil
+	}
+	since := c.debts.observe(key, debt > 0, now)
+	if wait := OrphanGrace - now.Sub(since); wait > 0 {
+		return nil, wait, nil
+	}
+	if c.debts.stale(key, owned, now) {
+		return nil, time.Second, nil
+	}
+	if debt < 0 {
+		log.FromContext(ctx).Info("counting owned replicas again", "MachineDeployment", key, "owned", owned, "bound", use.bound)
+		return &op{kind: opSetOwned, bound: use.bound, expect: owned}, time.Second, nil
+	}
+	if victim := pickVictim(use.victims, taken, time.Time{}); victim != nil {
+		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)
+		if err := c.provider.markSpare(ctx, victim); err != nil {
+			return nil, 0, err
+		}
+		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
+			fmt.Sprintf("a Karpenter Machine was deleted by someone else and no NodeClaim took its replica: given back with Machine %s", victim.Name))
+		metrics.OrphansReleased.WithLabelValues("spare").Inc()
+		return &op{kind: opSpare, expect: owned}, time.Second, nil
+	}
+	replicas := int32(0)
+	if md.Spec.Replicas != nil {
+		replicas = *md.Spec.Replicas
+	}
+	if replicas != use.live {
+		// The MachineSet has yet to create or delete Machines: decide on
+		// what it settles to.
+		return nil, 5 * time.Second, nil
+	}
+	if len(use.released) > 0 {
+		// The MachineSet keeps a Machine whose replica was given back:
+		// another Karpenter Machine went in its place (both were marked; a
+		// termination interrupted between marking and giving back leaves
+		// one so). The spare replica is that Machine's.
+		victim := use.released[0]
+		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)
+		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
+			fmt.Sprintf("a Karpenter Machine went in place of Machine %s, released already: its replica given back", victim.Name))
+		metrics.OrphansReleased.WithLabelValues("spare").Inc()
+		return &op{kind: opSpare, expect: owned}, time.Second, nil
+	}
+	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key, "replicas", replicas, "owned", owned, "bound", use.bound)
+	return &op{kind: opForgive, expect: owned}, time.Second, nil
+}
+
+// bindable reports whether a Machine may be bound to a NodeClaim at all:
+// not bound, not marked, not being deleted, and without a Node. A Machine
+// with a Node is somebody's running node (workloads may run on it),
+// whatever its age. A providerID alone does not disqualify: the
+// infrastructure sets it seconds after the Machine is created (CAPA, at
+// RunInstances), so a provider that restarts during a burst would
+// otherwise never bind the Machines made for its own raises (found by the
+// e2e kill test). A new Machine without a Node is as good as any other
+// made after the raise.
+func bindable(m *clusterv1.Machine) bool {
+	_, bound := m.Annotations[v1alpha1.NodeClaimAnnotation]
+	_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	return !bound && !marked && m.DeletionTimestamp.IsZero() && !m.Status.NodeRef.IsDefined()
+}
+
+// madeFor reports whether a Machine was created for a replica raised at
+// since: created at or after it, by the API server's clock, give or take
+// bindSkew between that clock and this process's.
+func madeFor(m *clusterv1.Machine, since time.Time) bool {
+	return !m.CreationTimestamp.Time.Before(since.Add(-bindSkew))
+}
+
+// pickVictim returns the first victim not taken and created at or after
+// after (zero: any), or nil.
+func pickVictim(victims []*clusterv1.Machine, taken map[string]bool, after time.Time) *clusterv1.Machine {
+	for _, m := range victims {
+		if taken[m.Name] || (!after.IsZero() && m.CreationTimestamp.Time.Before(after)) {
+			continue
+		}
+		return m
+	}
+	return nil
+}
+
+// newestMachineSet returns the name of the MachineDeployment's MachineSet
+// whose template matches the MachineDeployment's (as Cluster API decides
+// it), or "" when there is none yet.
+func (c *Controller) newestMachineSet(ctx context.Context, md *clusterv1.MachineDeployment) (string, error) {
+	ms, err := c.provider.machineSets(ctx, md)
+	if err != nil {
+		return "", err
+	}
+	if newest := newestOf(md, ms); newest != nil {
+		return newest.Name, nil
+	}
+	return "", nil
+}
+
+// bind labels and annotates a Machine as the NodeClaim's. Only this
+// controller binds (one leader, one reconcile per MachineDeployment at a
+// time) and recent bindings are remembered until the cache shows them, so
+// nothing binds concurrently; the optimistic lock keeps a Machine that got a
+// Node since the cache's read from being bound (found by the model test).
+func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
+	// The patch carries the resourceVersion the binding was decided on: a
+	// Machine that got a Node since (the cache lags) is not bound (a conflict; the next pass decides on a fresh read).
+	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Labels[v1alpha1.KarpenterMemberLabel] = ""
+	m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
+	if err := c.provider.hub.GetClient().Patch(ctx, m, patch); err != nil {
+		return fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
+	}
+	c.provider.recent.add(claim, m.Namespace+"/"+m.Name, c.provider.now())
+	c.provider.inflight.Delete(claim) // the raised replica is used
+	failpoint.Crash(StepBind)
+	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
+	c.provider.waiters.Notify(claim)
+	c.event(c.hubEvents, m, corev1.EventTypeNormal, "Bound", "bound to NodeClaim "+claim)
+	nc := &karpv1.NodeClaim{}
+	if err := c.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc); err == nil {
+		c.event(c.spokeEvents, nc, corev1.EventTypeNormal, "MachineBound", fmt.Sprintf("Machine %s/%s bound", m.Namespace, m.Name))
+	}
+	return nil
+}
+
+// orphaned reports whether a bound Machine's NodeClaim is gone for longer
+// than the grace period, and the Machine is not being deleted already.
+func (c *Controller) orphaned(ctx context.Context, m *clusterv1.Machine, claim string, now time.Time) (bool, error) {
+	if !m.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	return c.nodeClaimGone(ctx, claim, m.CreationTimestamp.Time, now)
+}
+
+// nodeClaimGone reports whether a NodeClaim is gone for longer than the
+// grace period (see spoke.NodeClaimGone).
+func (c *Controller) nodeClaimGone(ctx context.Context, claim string, since, now time.Time) (bool, error) {
+	return spoke.NodeClaimGone(ctx, c.spoke, c.spokeAPI, claim, since, now, OrphanGrace)
+}

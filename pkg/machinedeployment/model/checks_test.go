@@ -1,0 +1,198 @@
+package model
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+)
+
+// bindSkew mirrors the provider's tolerance for clock skew (the design's
+// binding condition 4).
+const bindSkew = 10 * time.Second
+
+// checks are the invariants, checked on every write the provider makes,
+// against the API server's state just before it.
+func (w *world) checks() interceptor.Funcs {
+	return interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if md, ok := obj.(*clusterv1.MachineDeployment); ok && !w.acting.Load() {
+				old := &clusterv1.MachineDeployment{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(md), old); err == nil {
+					if err := c.Update(ctx, obj, opts...); err != nil {
+						return err
+					}
+					w.checkReplicas(old, md)
+					return nil
+				}
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if m, ok := obj.(*clusterv1.Machine); ok && !w.acting.Load() {
+				old := &clusterv1.Machine{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(m), old); err == nil {
+					if err := c.Patch(ctx, obj, patch, opts...); err != nil {
+						return err // refused: nothing happened
+					}
+					w.checkMachinePatch(ctx, c, old, m)
+					return nil
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			if m, ok := obj.(*clusterv1.Machine); ok && !w.acting.Load() {
+				old := &clusterv1.Machine{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(m), old); err == nil {
+					if err := c.Delete(ctx, obj, opts...); err != nil {
+						return err
+					}
+					w.checkRemoval(old, "deleted")
+					return nil
+				}
+			}
+			return c.Delete(ctx, obj, opts...)
+		},
+	}
+}
+
+// checkReplicas: invariants 3 and 4 (max/min-size, others' replicas).
+func (w *world) checkReplicas(old, md *clusterv1.MachineDeployment) {
+	before, after := ptr.Deref(old.Spec.Replicas, 0), ptr.Deref(md.Spec.Replicas, 0)
+	if after > before {
+		if maxSize, ok := bound32(md, instancetype.MaxSizeAnnotation); ok && after > maxSize {
+			w.failf("MachineDeployment %s raised to %d replicas, past max-size %d", md.Name, after, maxSize)
+		}
+	}
+	if after < before {
+		if minSize, ok := bound32(md, instancetype.MinSizeAnnotation); ok && after < minSize {
+			w.failf("MachineDeployment %s lowered to %d replicas, below min-size %d", md.Name, after, minSize)
+		}
+	}
+	oldOwned, hadOwned := owned(old)
+	newOwned, hasOwned := owned(md)
+	if hadOwned && hasOwned && after-newOwned < before-oldOwned {
+		w.failf("MachineDeployment %s: others' replicas went from %d to %d by the provider's write (replicas %d->%d, owned %d->%d, pending %s -> %s)",
+			md.Name, before-oldOwned, after-newOwned, before, after, oldOwned, newOwned, old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation])
+	}
+}
+
+// checkMachinePatch: invariants 1, 2 and 5 on a binding or a mark.
+func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *clusterv1.Machine) {
+	if claim := bound(m); claim != "" && bound(old) == "" {
+		switch {
+		case w.userOwned[m.Name]:
+			w.failf("Machine %s of someone else (long running, with a Node) bound to %s", m.Name, claim)
+		case old.Status.NodeRef.IsDefined():
+			w.failf("Machine %s bound to %s while it had a Node", m.Name, claim)
+		case !old.DeletionTimestamp.IsZero() || marked(old):
+			w.failf("Machine %s bound to %s while being deleted or marked", m.Name, claim)
+		}
+		md := &clusterv1.MachineDeployment{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: m.Labels[clusterv1.MachineDeploymentNameLabel]}, md); err == nil {
+			pending, _ := hub.PendingNodeClaims(md)
+			since, ok := pending[claim]
+			if !ok {
+				w.failf("Machine %s bound to %s, which has no reservation on %s", m.Name, claim, md.Name)
+			} else if old.CreationTimestamp.Time.Before(since.Add(-bindSkew)) {
+				w.failf("Machine %s (created %s) bound to %s reserved at %s: not made for its raise", m.Name, old.CreationTimestamp, claim, since)
+			}
+		}
+		for _, other := range w.machines() {
+			if other.Name != m.Name && bound(&other) == claim && other.DeletionTimestamp.IsZero() && !marked(&other) {
+				w.failf("NodeClaim %s bound to Machine %s while bound to %s", claim, m.Name, other.Name)
+			}
+		}
+	}
+	if marked(m) && !marked(old) {
+		w.checkRemoval(old, "marked")
+	}
+}
+
+// checkRemoval: the provider marks or deletes a bound Machine only when its
+// NodeClaim is being deleted or gone, or its launch failed; an unbound one
+// only to give a spare replica back (marked, never deleted).
+func (w *world) checkRemoval(old *clusterv1.Machine, what string) {
+	claim := bound(old)
+	if claim == "" {
+		if what == "deleted" {
+			w.failf("unbound Machine %s deleted by the provider", old.Name)
+		}
+		return
+	}
+	if c, ok := w.claims[claim]; ok && !c.deleting && !w.infraFailed(old) {
+		w.failf("Machine %s %s while its NodeClaim %s lives and its launch did not fail", old.Name, what, claim)
+	}
+}
+
+func bound32(md *clusterv1.MachineDeployment, key string) (int32, bool) {
+	v, ok := md.Annotations[key]
+	if !ok {
+		return 0, false
+	}
+	n := int32(0)
+	for _, ch := range v {
+		if ch < '0' || ch > '9' {
+			return 0, false
+		}
+		n = n*10 + int32(ch-'0')
+	}
+	return n, true
+}
+
+// checkState: invariant 1 on the state after a step.
+func (w *world) checkState() {
+	byClaim := map[string]string{}
+	for _, m := range w.machines() {
+		claim := bound(&m)
+		if claim == "" || !m.DeletionTimestamp.IsZero() || marked(&m) {
+			continue
+		}
+		if other, ok := byClaim[claim]; ok {
+			w.failf("NodeClaim %s bound to two live Machines: %s and %s", claim, other, m.Name)
+		}
+		byClaim[claim] = m.Name
+	}
+}
+
+// checkSettled: invariant 6, once nothing changes.
+func (w *world) checkSettled() {
+	for _, name := range w.claimNames() {
+		if c := w.claims[name]; !c.launched && !c.deleting {
+			w.failf("NodeClaim %s never launched", name)
+		}
+	}
+	for _, name := range w.mds {
+		md := w.md(name)
+		pending, _ := hub.PendingNodeClaims(md)
+		n, ok := owned(md)
+		boundMachines := int32(0)
+		live := int32(0)
+		for _, m := range w.machines() {
+			if m.Labels[clusterv1.MachineDeploymentNameLabel] != name || !m.DeletionTimestamp.IsZero() {
+				continue
+			}
+			live++
+			if bound(&m) != "" && !marked(&m) {
+				boundMachines++
+			}
+		}
+		if !ok || n != boundMachines+int32(len(pending)) {
+			w.failf("settled: MachineDeployment %s owns %d (%v) replicas, %d bound Machines and %d reservations", name, n, ok, boundMachines, len(pending))
+		}
+		if len(pending) > 0 {
+			w.failf("settled: MachineDeployment %s still holds reservations %v", name, pending)
+		}
+		if r := ptr.Deref(md.Spec.Replicas, 0); r != live {
+			w.failf("settled: MachineDeployment %s has %d replicas and %d live Machines", name, r, live)
+		}
+	}
+}

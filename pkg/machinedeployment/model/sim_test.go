@@ -1,0 +1,281 @@
+// Package model tests MachineDeployment mode's binding protocol
+// (docs/design/machinedeployment-binding.md) against a simulated world: a
+// fake hub whose cache lags, a MachineSet that follows Cluster API's rules
+// (creates Machines up to its replicas, deletes deleting, marked, then
+// Node-less Machines first), an infrastructure that may fail launches, and
+// Karpenter core calling Launch and Release. The provider's code is the
+// real one; every write it makes is checked against the invariants as it
+// happens.
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/capacity"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub/hubtest"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/launch"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+)
+
+const (
+	ns      = "ns"
+	cluster = "c1"
+)
+
+// claimState is what simulated Karpenter core knows of a NodeClaim.
+type claimState struct {
+	chosen   *types.NamespacedName
+	launched bool
+	deleting bool
+}
+
+// world is the simulation.
+type world struct {
+	t     testing.TB
+	now   time.Time
+	hub   *hubtest.Hub
+	spoke client.Client
+	// acting is true while the world (not the provider) writes: the
+	// invariant checks look at the provider's writes only.
+	acting atomic.Bool
+
+	store       *instancetype.Store
+	unavailable *launch.Unavailable
+	provider    *machinedeployment.Provider
+	controller  *machinedeployment.Controller
+
+	claims    map[string]*claimState
+	mds       []string
+	exhausted map[string]bool // MachineDeployment -> its launches fail
+	userOwned map[string]bool // Machines that existed before Karpenter (never bindable)
+	seq       int
+	failures  []string
+	synced    time.Time // when the cache last caught up
+}
+
+// newWorld builds a world with member MachineDeployments "cheap" and "dear"
+// at the given replicas of someone else's (Machines with Nodes).
+func newWorld(t testing.TB, replicas map[string]int32, mdAnnotations map[string]map[string]string, templateLabels map[string]string) *world {
+	w := &world{t: t, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), claims: map[string]*claimState{},
+		exhausted: map[string]bool{}, userOwned: map[string]bool{}}
+	w.hub = hubtest.New(hub.Scope{Namespace: ns, ClusterName: cluster}, w.checks())
+	w.spoke = fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
+	w.acting.Store(true)
+	for i, name := range []string{"cheap", "dear"} {
+		labels := map[string]string{clusterv1.ClusterNameLabel: cluster, v1alpha1.KarpenterMemberLabel: "", "pool": "general"}
+		sel := map[string]string{clusterv1.ClusterNameLabel: cluster, clusterv1.MachineDeploymentNameLabel: name}
+		tl := map[string]string{"node.kubernetes.io/instance-type": "t-" + name}
+		for k, v := range sel {
+			tl[k] = v
+		}
+		for k, v := range templateLabels {
+			tl[k] = v
+		}
+		ann := map[string]string{capacity.CPUKey: "2", capacity.MemoryKey: "4Gi", v1alpha1.PriceAnnotation: fmt.Sprintf("0.%d", i+1)}
+		for k, v := range mdAnnotations[name] {
+			ann[k] = v
+		}
+		md := &clusterv1.MachineDeployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, Annotations: ann, UID: types.UID("uid-" + name)},
+			Spec: clusterv1.MachineDeploymentSpec{
+				ClusterName: cluster, Replicas: ptr.To(replicas[name]),
+				Selector: metav1.LabelSelector{MatchLabels: sel},
+				Template: clusterv1.MachineTemplateSpec{ObjectMeta: clusterv1.ObjectMeta{Labels: tl},
+					Spec: clusterv1.MachineSpec{ClusterName: cluster, FailureDomain: "zone-a",
+						InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "AWSMachineTemplate", Name: name}}},
+			},
+		}
+		w.must(w.hub.API.Create(context.Background(), md))
+		ms := &clusterv1.MachineSet{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-ms", UID: types.UID("uid-ms-" + name),
+				Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster, clusterv1.MachineDeploymentNameLabel: name},
+				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(md, clusterv1.GroupVersion.WithKind("MachineDeployment"))}},
+			Spec: clusterv1.MachineSetSpec{ClusterName: cluster, Replicas: ptr.To(replicas[name]),
+				Selector: metav1.LabelSelector{MatchLabels: sel}, Template: md.Spec.Template},
+		}
+		w.must(w.hub.API.Create(context.Background(), ms))
+		w.mds = append(w.mds, name)
+	}
+	// Someone else's Machines, long running with Nodes.
+	w.now = w.now.Add(-30 * 24 * time.Hour)
+	w.runMachineSets()
+	w.runInfrastructure()
+	w.runInfrastructure()
+	for _, m := range w.machines() {
+		w.userOwned[m.Name] = true
+	}
+	w.now = w.now.Add(30 * 24 * time.Hour)
+	w.hub.Sync()
+	w.acting.Store(false)
+	w.restart()
+	return w
+}
+
+func (w *world) must(err error) {
+	w.t.Helper()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) clock() time.Time { return w.now }
+
+// fired is a launch wait that is over at once: Launch looks once and
+// returns (the world moves on between calls, not during one).
+var fired = func() <-chan time.Time {
+	ch := make(chan time.Time)
+	close(ch)
+	return ch
+}()
+
+// restart builds a provider and controller afresh, with no memory of the
+// previous ones: all they know comes from the hub and the spoke.
+func (w *world) restart() {
+	w.store = instancetype.NewStore()
+	w.unavailable = launch.NewUnavailable(time.Minute, nil)
+	w.unavailable.SetClock(w.clock)
+	w.provider = machinedeployment.NewProvider(w.hub.Hub, nil, w.store, w.unavailable)
+	w.provider.SetClock(w.clock)
+	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return fired })
+	w.controller = machinedeployment.NewController(w.provider, w.spoke, w.spoke)
+}
+
+// reconcile runs the provider's controller on every MachineDeployment.
+func (w *world) reconcile() {
+	for _, md := range w.mds {
+		_, err := w.controller.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: md}})
+		if err != nil {
+			w.t.Logf("reconcile %s: %v", md, err)
+		}
+	}
+}
+
+// newClaim creates a NodeClaim (as core does before Create).
+func (w *world) newClaim() string {
+	w.seq++
+	name := fmt.Sprintf("nc-%d", w.seq)
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	w.must(w.spoke.Create(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(w.now)}}))
+	w.claims[name] = &claimState{}
+	return name
+}
+
+// choose picks the cheapest available MachineDeployment, as the cloud
+// provider's cheapest() does on the resolved set.
+func (w *world) choose() (instancetype.Source, error) {
+	if err := w.store.Prime(context.Background()); err != nil {
+		return instancetype.Source{}, err
+	}
+	set := w.provider.WithUnavailable(w.store.Resolve(labelsEverything(), "all"))
+	var best *instancetype.Source
+	for _, srcs := range set.Origins {
+		for i := range srcs {
+			s := srcs[i]
+			if s.Available && (best == nil || s.Price < best.Price) {
+				best = &s
+			}
+		}
+	}
+	if best == nil {
+		return instancetype.Source{}, cloudprovider.NewInsufficientCapacityError(errors.New("no offering available"))
+	}
+	return *best, nil
+}
+
+// create is core's Create of a pending NodeClaim.
+func (w *world) create(name string) error {
+	c := w.claims[name]
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := w.provider.Launch(ctx, name, c.chosen, func(md types.NamespacedName) { c.chosen = &md }, w.choose)
+	switch {
+	case err == nil:
+		if m.Spec.ProviderID == "" {
+			w.failf("Launch returned Machine %s without a providerID", m.Name)
+		}
+		c.launched = true
+	case cloudprovider.IsInsufficientCapacityError(err):
+		c.deleting = true // core deletes the NodeClaim and re-plans
+	}
+	return err
+}
+
+// remove is core's termination: Delete until the Machine is gone.
+func (w *world) remove(name string) error {
+	lookup := hub.NewLookup(w.hub.Hub, nil)
+	m, err := lookup.Find(context.Background(), name, nil, "")
+	if err != nil {
+		return err
+	}
+	err = w.provider.Release(context.Background(), name, m)
+	if errors.Is(err, machinedeployment.ErrMachineGone) {
+		w.acting.Store(true)
+		defer w.acting.Store(false)
+		w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
+		delete(w.claims, name)
+		return nil
+	}
+	return err
+}
+
+func (w *world) failf(format string, args ...any) {
+	w.failures = append(w.failures, fmt.Sprintf(format, args...))
+}
+
+func (w *world) machines() []clusterv1.Machine {
+	list := &clusterv1.MachineList{}
+	w.must(w.hub.API.List(context.Background(), list))
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	return list.Items
+}
+
+func (w *world) md(name string) *clusterv1.MachineDeployment {
+	md := &clusterv1.MachineDeployment{}
+	w.must(w.hub.API.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, md))
+	return md
+}
+
+func owned(md *clusterv1.MachineDeployment) (int32, bool) {
+	v, ok := md.Annotations[machinedeployment.OwnedReplicasAnnotation]
+	n, err := strconv.Atoi(v)
+	return int32(n), ok && err == nil
+}
+
+func bound(m *clusterv1.Machine) string { return m.Annotations[v1alpha1.NodeClaimAnnotation] }
+
+func marked(m *clusterv1.Machine) bool {
+	_, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	return ok
+}
+
+// infraFailed reports whether the Machine's infrastructure machine failed.
+func (w *world) infraFailed(m *clusterv1.Machine) bool {
+	am := &infrav1.AWSMachine{}
+	if err := w.hub.API.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: m.Name}, am); err != nil {
+		return false
+	}
+	return am.Status.FailureReason != nil
+}

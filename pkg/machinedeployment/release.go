@@ -1,0 +1,174 @@
+package machinedeployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+)
+
+// Release starts the removal of the Machine bound to a NodeClaim: it marks
+// the Machine for deletion and lowers its MachineDeployment's replicas
+// (batched). m is the claim's Machine (hub.Lookup.Find), or nil when none
+// exists; then a replica raised for the claim is given back and
+// ErrMachineGone returned.
+func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machine) error {
+	if m == nil {
+		// The cache may not show a binding this process made lately: the
+		// replica is then the bound Machine's, released with it.
+		recent, err := p.recentlyBound(ctx, claim)
+		if err != nil {
+			return err
+		}
+		m = recent
+	}
+	if m == nil {
+		// No Machine: give back a replica raised for the claim, if any.
+		if err := p.giveBack(ctx, claim); err != nil {
+			return err
+		}
+		return ErrMachineGone
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim || !p.machines.Owned(m) {
+		return fmt.Errorf("Machine %s/%s is not bound to NodeClaim %s: not touching it", m.Namespace, m.Name, claim)
+	}
+	mdName := m.Labels[clusterv1.MachineDeploymentNameLabel]
+	if mdName == "" {
+		return fmt.Errorf("Machine %s/%s has no label %s: cannot tell its MachineDeployment", m.Namespace, m.Name, clusterv1.MachineDeploymentNameLabel)
+	}
+	_, wasMarked := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	if err := p.markForDeletion(ctx, m); err != nil {
+		return err
+	}
+	key := types.NamespacedName{Namespace: m.Namespace, Name: mdName}
+	release := &op{kind: opRelease, name: m.Name}
+	if err := p.scaler.Apply(ctx, key, release); err != nil {
+		return err
+	}
+	failpoint.Crash(StepRelease)
+	if atMin, err := p.keptAtMinSize(ctx, key, m, release); err != nil {
+		return err
+	} else if atMin {
+		// Replicas stay at min-size: the MachineSet would not remove the
+		// marked Machine, so the provider removes exactly it; the
+		// MachineSet replaces it with an unbound Machine.
+		if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
+			return err
+		}
+	}
+	if p.Events != nil && !wasMarked { // once, not at every retry of core's Delete
+		p.Events.Event(m, corev1.EventTypeNormal, "Released", "NodeClaim "+claim+" deleted: marked for deletion and its replica given back")
+	}
+	return nil
+}
+
+// markForDeletion annotates the Machine so that its MachineSet deletes it
+// first when replicas go down.
+func (p *Provider) markForDeletion(ctx context.Context, m *clusterv1.Machine) error {
+	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
+		return nil
+	}
+	patch := client.MergeFrom(m.DeepCopy())
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.DeleteMachineAnnotation] = p.now().UTC().Format(time.RFC3339)
+	if err := p.hub.GetClient().Patch(ctx, m, patch); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ErrMachineGone
+		}
+		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
+	}
+	p.released.add(m.Namespace+"/"+m.Name, p.now())
+	failpoint.Crash(StepMark)
+	return nil
+}
+
+// giveBack lowers the replicas raised for a claim that has no Machine.
+func (p *Provider) giveBack(ctx context.Context, claim string) error {
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}); err != nil {
+		return fmt.Errorf("looking up MachineDeployments pending for NodeClaim %s: %w", claim, err)
+	}
+	keys := map[types.NamespacedName]bool{}
+	for i := range mds.Items {
+		md := &mds.Items[i]
+		keys[client.ObjectKeyFromObject(md)] = true
+		if err := p.markGiveBackVictim(ctx, md, claim); err != nil {
+			return err
+		}
+	}
+	if v, ok := p.inflight.Load(claim); ok {
+		keys[v.(types.NamespacedName)] = true
+	}
+	for key := range keys {
+		if err := p.scaler.Apply(ctx, key, &op{kind: opGiveBack, name: claim}); err != nil {
+			return fmt.Errorf("giving back the replica raised for NodeClaim %s on MachineDeployment %s: %w", claim, key, err)
+		}
+	}
+	p.inflight.Delete(claim)
+	return nil
+}
+
+// markGiveBackVictim marks the unbound Machine that the replica raised for
+// claim on md may already have made, so that giving the replica back
+// removes that Machine and not one the MachineSet picks by its own order.
+func (p *Provider) markGiveBackVictim(ctx context.Context, md *clusterv1.MachineDeployment, claim string) error {
+	pending, err := hub.PendingNodeClaims(md)
+	if err != nil {
+		return err
+	}
+	since, ok := pending[claim]
+	if !ok {
+		return nil
+	}
+	machines := &clusterv1.MachineList{}
+	if err := p.hub.GetCache().List(ctx, machines, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		return fmt.Errorf("listing Machines of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
+	}
+	released, _ := hub.ReleasedMachines(md)
+	sets, err := p.machineSets(ctx, md)
+	if err != nil {
+		return err
+	}
+	newest := ""
+	if ms := newestOf(md, sets); ms != nil {
+		newest = ms.Name
+	}
+	use := measure(machines.Items, pending, released, newest, func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) })
+	if victim := pickVictim(use.victims, nil, since.Add(-bindSkew)); victim != nil {
+		return p.markSpare(ctx, victim)
+	}
+	return nil
+}
+
+// markSpare marks an unbound Machine for deletion, to give a replica back
+// with it (see spareMark).
+func (p *Provider) markSpare(ctx context.Context, m *clusterv1.Machine) error {
+	if spareMarked(m) {
+		return nil
+	}
+	patch := client.MergeFrom(m.DeepCopy())
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.DeleteMachineAnnotation] = spareMark
+	if err := p.hub.GetClient().Patch(ctx, m, patch); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("marking Machine %s/%s for deletion: %w", m.Namespace, m.Name, err)
+	}
+	return nil
+}
