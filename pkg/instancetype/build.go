@@ -141,13 +141,15 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 	if len(zones) > 0 && !zoneless {
 		reqs = append(reqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, zones...))
 	}
-	for k, v := range commonLabels(kept) {
+	common := commonLabels(kept)
+	for k, v := range common {
 		switch k {
 		case corev1.LabelInstanceTypeStable, corev1.LabelArchStable, corev1.LabelOSStable, corev1.LabelTopologyZone, karpv1.CapacityTypeLabelKey:
 			continue
 		}
 		reqs = append(reqs, scheduling.NewRequirement(k, corev1.NodeSelectorOpIn, v))
 	}
+	reqs = append(reqs, instanceLabelRequirements(first.InstanceLabels, keySet(common))...)
 
 	keys := make([]OfferingKey, 0, len(offers))
 	for k := range offers {

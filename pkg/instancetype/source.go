@@ -56,6 +56,13 @@ type Source struct {
 	Available bool
 	// Replicas of a MachineDeployment origin that has a max size (0 otherwise).
 	Replicas int32
+	// AWS is true when the nodes come from an AWSMachineTemplate (CAPA): the
+	// instance type also carries the AWS provider's derivable labels.
+	AWS bool
+	// InstanceLabels are the well-known instance labels of the type
+	// (labels.go): derived from its name and capacity, or given by the
+	// capacity labels annotation. finish computes them.
+	InstanceLabels map[string]string
 
 	// Kubelet is the kubelet configuration of the origin's nodes as far as it
 	// decides allocatable, highest source first: the bootstrap template's
@@ -160,6 +167,7 @@ func FromMachineDeploymentTemplates(md *clusterv1.MachineDeployment, template, b
 		src.Capacity[corev1.ResourcePods] = *resource.NewQuantity(DefaultMaxPods, resource.DecimalSI)
 	}
 
+	src.AWS = isAWSTemplate(template)
 	// Name: what the Node's instance-type label will say.
 	src.Name = src.NodeLabels[corev1.LabelInstanceTypeStable]
 	if src.Name == "" && template != nil {
@@ -249,6 +257,10 @@ func (s *Source) finish() {
 		s.Labels[corev1.LabelTopologyZone] = s.Zone
 	} else {
 		delete(s.Labels, corev1.LabelTopologyZone)
+	}
+	s.InstanceLabels = s.instanceLabels()
+	for k, v := range s.InstanceLabels {
+		s.Labels[k] = v
 	}
 	// The pod limit: the kubelet configuration's max-pods, else the pods
 	// capacity the annotations gave, else the kubelet's default.

@@ -47,6 +47,7 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 		ClusterName:  o.ClusterName,
 		ObjectLabels: t.GetLabels(),
 		Available:    true,
+		AWS:          isAWSTemplate(t),
 	}
 	what := fmt.Sprintf("%s %s/%s", t.GetKind(), t.GetNamespace(), t.GetName())
 	problem := func(format string, args ...any) {
