@@ -49,7 +49,7 @@ func TestSourceLabelsCarryInstanceLabels(t *testing.T) {
 		v1alpha1.LabelInstanceCPU: "8", v1alpha1.LabelInstanceMemory: "32768", v1alpha1.LabelInstanceGPUCount: "1",
 		v1alpha1.LabelInstanceGPUName: "a10g", v1alpha1.LabelInstanceGPUManufacturer: "nvidia", v1alpha1.LabelInstanceGPUMemory: "24576",
 		v1alpha1.LabelInstanceFamily: "custom", v1alpha1.LabelInstanceSize: "2xlarge", v1alpha1.LabelInstanceGeneration: "5",
-		v1alpha1.LabelInstanceCategory: "g",
+		v1alpha1.LabelInstanceCategory:  "g",
 		v1alpha1.LabelAWSInstanceFamily: "g5", v1alpha1.LabelAWSInstanceHypervisor: "nitro", v1alpha1.LabelAWSInstanceGPUName: "a10g",
 		v1alpha1.LabelAWSInstanceCPU: "8", v1alpha1.LabelAWSInstanceMemory: "32768",
 	}
