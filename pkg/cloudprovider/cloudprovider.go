@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/events"
 	"sigs.k8s.io/karpenter/pkg/scheduling"
 	"sigs.k8s.io/karpenter/pkg/utils/resources"
 
@@ -46,6 +47,8 @@ type CloudProvider struct {
 	priced cloudprovider.CloudProvider
 	// hubBack waits until an unreachable hub answers again (nil: no waiting).
 	hubBack func(context.Context) error
+	// events records Launched events on NodeClaims (nil: none).
+	events events.Recorder
 }
 
 // WaitForHubWith makes Create wait out an unreachable hub, up to
@@ -147,6 +150,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if created.Annotations[v1alpha1.MachineDeploymentAnnotation] == "" {
 		delete(created.Annotations, v1alpha1.MachineDeploymentAnnotation)
 	}
+	c.launched(nodeClaim, m, created)
 	return created, nil
 }
 
@@ -452,6 +456,7 @@ func fillFromSource(nc *karpv1.NodeClaim, src instancetype.Source, m *clusterv1.
 	}
 	nc.Status.Capacity = src.Capacity
 	nc.Status.Allocatable = src.Allocatable
+	nc.Status.ImageID = src.ImageID
 }
 
 func truncate(s string) string {

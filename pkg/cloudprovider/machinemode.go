@@ -57,5 +57,6 @@ func (c *CloudProvider) createMachine(ctx context.Context, nodeClass *v1alpha1.C
 		v1alpha1.MachineAnnotation:  nodeClaim.Annotations[v1alpha1.MachineAnnotation],
 		v1alpha1.OfferingAnnotation: m.Annotations[v1alpha1.OfferingAnnotation],
 	}
+	c.launched(nodeClaim, m, created)
 	return created, nil
 }

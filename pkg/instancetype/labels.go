@@ -189,3 +189,12 @@ func keySet(m map[string]string) map[string]bool {
 	}
 	return out
 }
+
+// templateImageID is the image a CAPA template names (spec.ami.id).
+func templateImageID(t *unstructured.Unstructured) string {
+	if !isAWSTemplate(t) {
+		return ""
+	}
+	id, _, _ := unstructured.NestedString(t.Object, "spec", "template", "spec", "ami", "id")
+	return id
+}

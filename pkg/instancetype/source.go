@@ -63,6 +63,9 @@ type Source struct {
 	ReservationID       string
 	ReservationCount    int
 	ReservationCapacity int
+	// ImageID is the machine image the template names (CAPA: spec.ami.id),
+	// shown as the NodeClaim's status.imageID; "" when not known.
+	ImageID string
 	// AWS is true when the nodes come from an AWSMachineTemplate (CAPA): the
 	// instance type also carries the AWS provider's derivable labels.
 	AWS bool
@@ -175,6 +178,7 @@ func FromMachineDeploymentTemplates(md *clusterv1.MachineDeployment, template, b
 	}
 
 	src.AWS = isAWSTemplate(template)
+	src.ImageID = templateImageID(template)
 	// Name: what the Node's instance-type label will say.
 	src.Name = src.NodeLabels[corev1.LabelInstanceTypeStable]
 	if src.Name == "" && template != nil {

@@ -48,6 +48,7 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 		ObjectLabels: t.GetLabels(),
 		Available:    true,
 		AWS:          isAWSTemplate(t),
+		ImageID:      templateImageID(t),
 	}
 	what := fmt.Sprintf("%s %s/%s", t.GetKind(), t.GetNamespace(), t.GetName())
 	problem := func(format string, args ...any) {

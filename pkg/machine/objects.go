@@ -48,7 +48,7 @@ func (o Offering) String() string {
 // ParseOffering parses what String returns.
 func ParseOffering(s string) (Offering, error) {
 	parts := strings.SplitN(s, "/", 4)
-	if len(parts) != 4 || parts[0] == "" || parts[1] == "" || (parts[3] != karpv1.CapacityTypeOnDemand && parts[3] != karpv1.CapacityTypeSpot) {
+	if len(parts) != 4 || parts[0] == "" || parts[1] == "" || (parts[3] != karpv1.CapacityTypeOnDemand && parts[3] != karpv1.CapacityTypeSpot && parts[3] != karpv1.CapacityTypeReserved) {
 		return Offering{}, fmt.Errorf("annotation %s %q is not <namespace>/<template>/<zone>/<capacity type>", v1alpha1.OfferingAnnotation, s)
 	}
 	return Offering{Template: types.NamespacedName{Namespace: parts[0], Name: parts[1]}, Zone: parts[2], CapacityType: parts[3]}, nil
