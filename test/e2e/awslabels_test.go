@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
 // A NodePool written the way the AWS provider's documentation writes one
@@ -66,6 +68,28 @@ func TestAWSWrittenNodePoolLaunchesWhatAWSWould(t *testing.T) {
 		if n.Labels[k] != v {
 			t.Errorf("Node %s: label %s = %q, want %q", n.Name, k, n.Labels[k], v)
 		}
+	}
+	// Where a user looks: the NodeClaim shows type, capacity type, zone and
+	// image, and its Launched event names the Machine and the template.
+	nc := nodeClaimOfNode(t, n.Name)
+	if nc.Labels[corev1.LabelTopologyZone] == "" || nc.Labels[karpv1.CapacityTypeLabelKey] != karpv1.CapacityTypeOnDemand || nc.Status.ImageID != world.DefaultAMI {
+		t.Errorf("NodeClaim %s: zone %q, capacity type %q, image %q", nc.Name, nc.Labels[corev1.LabelTopologyZone], nc.Labels[karpv1.CapacityTypeLabelKey], nc.Status.ImageID)
+	}
+	err := WaitFor(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+		events := &corev1.EventList{}
+		if err := w.Spoke.Client.List(ctx, events); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.InvolvedObject.Kind == "NodeClaim" && e.InvolvedObject.Name == nc.Name && e.Reason == "Launched" &&
+				strings.Contains(e.Message, nc.Annotations[v1alpha1.MachineAnnotation]) && strings.Contains(e.Message, "from AWSMachineTemplate "+w.Namespace+"/awsnp-m6i-large") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("no Launched event on NodeClaim %s naming its Machine %s and template: %v", nc.Name, nc.Annotations[v1alpha1.MachineAnnotation], err)
 	}
 	// Core accepted the NodePool as valid (the labels are well known).
 	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "awsnp"}, np); err != nil {

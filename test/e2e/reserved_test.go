@@ -11,10 +11,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/test/environment"
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
@@ -205,4 +207,75 @@ func hubEvents(t testing.TB, reason, text string) int {
 		}
 	}
 	return n
+}
+
+// MachineDeployment mode: a MachineDeployment whose AWSMachineTemplate names
+// a reservation of 1 offers it as reserved; the second node falls back to an
+// on-demand MachineDeployment of the same type; the reserved one is never
+// raised past the reservation.
+func TestReservedMachineDeploymentFallsBackToOnDemand(t *testing.T) {
+	ctx := context.Background()
+	const id = "cr-0e2e0000000000002"
+	w.AWS.SetCapacityReservation(id, "m5.large", "us-east-1b", 1)
+	t.Cleanup(func() { w.AWS.SetCapacityReservation(id, "m5.large", "us-east-1b", 0) })
+	pool(t, "rsvmd")
+	np := &karpv1.NodePool{}
+	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "rsvmd"}, np); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range np.Spec.Template.Spec.Requirements {
+		if r.Key == karpv1.CapacityTypeLabelKey {
+			np.Spec.Template.Spec.Requirements[i].Values = []string{karpv1.CapacityTypeReserved, karpv1.CapacityTypeOnDemand}
+		}
+	}
+	np.Spec.Disruption.Budgets = []karpv1.Budget{{Nodes: "0"}}
+	if err := w.Spoke.Client.Update(ctx, np); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := world.AWSMachineTemplate(w.Namespace, "rsvmd-reserved", "m5.large", false)
+	tmpl.Spec.Template.Spec.CapacityReservationID = ptr.To(id)
+	if err := w.Hub.Client.Create(ctx, tmpl); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Hub.Client.Delete(context.Background(), tmpl) })
+	reservedMD := environment.NewMachineDeployment(environment.MachineDeploymentOptions{
+		Namespace: w.Namespace, Name: "rsvmd-reserved", ClusterName: w.ClusterName, Member: true,
+		Labels: map[string]string{"pool": "rsvmd"}, FailureDomain: "us-east-1b",
+		Annotations: map[string]string{
+			v1alpha1.PriceAnnotation: "0.096", v1alpha1.ReservationCountAnnotation: "1",
+			"capacity.cluster-autoscaler.kubernetes.io/cpu": "2", "capacity.cluster-autoscaler.kubernetes.io/memory": "8Gi",
+		},
+	})
+	if err := w.Hub.Client.Create(ctx, reservedMD); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Hub.Client.Delete(context.Background(), reservedMD) })
+	onDemandMD := machineDeployment(t, "rsvmd", "rsvmd-od", "m5.large", "us-east-1b", map[string]string{
+		v1alpha1.PriceAnnotation:                        "0.096",
+		"capacity.cluster-autoscaler.kubernetes.io/cpu": "2", "capacity.cluster-autoscaler.kubernetes.io/memory": "8Gi",
+	})
+
+	workload(t, "rsvmd", "rsvmd-app", 2, "1500m", "", nil)
+	nodes := waitAppNodes(t, 4*time.Minute, "rsvmd-app", 2)
+	types := map[string]int{}
+	for _, n := range nodes {
+		ct := n.Labels[karpv1.CapacityTypeLabelKey]
+		types[ct]++
+		in := instanceOf(t, n)
+		if (ct == karpv1.CapacityTypeReserved) != (in.ReservationID == id) || (ct == karpv1.CapacityTypeReserved && n.Labels[v1alpha1.LabelCapacityReservationID] != id) {
+			t.Errorf("node %s: capacity type %s, reservation label %q, instance in reservation %q", n.Name, ct, n.Labels[v1alpha1.LabelCapacityReservationID], in.ReservationID)
+		}
+	}
+	if types[karpv1.CapacityTypeReserved] != 1 || types[karpv1.CapacityTypeOnDemand] != 1 {
+		t.Fatalf("want one reserved and one on-demand node, got %v", types)
+	}
+	for _, md := range []*clusterv1.MachineDeployment{reservedMD, onDemandMD} {
+		cur := &clusterv1.MachineDeployment{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+			t.Fatal(err)
+		}
+		if cur.Spec.Replicas == nil || *cur.Spec.Replicas != 1 {
+			t.Errorf("MachineDeployment %s has %v replicas, want 1", md.Name, cur.Spec.Replicas)
+		}
+	}
 }
