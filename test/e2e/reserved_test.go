@@ -137,6 +137,16 @@ func TestReservedCapacityExhaustionAndFallback(t *testing.T) {
 	if n := hubEvents(t, "LaunchFailed", "ReservationCapacityExceeded"); n != 0 {
 		t.Errorf("%d launches into the full reservation failed at the cloud: the provider must not try them", n)
 	}
+	// Reserved NodeClaims carry what the NodePool asked for: none drifts.
+	claims := &karpv1.NodeClaimList{}
+	if err := w.Spoke.Client.List(context.Background(), claims, client.MatchingLabels{karpv1.NodePoolLabelKey: "rsv"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range claims.Items {
+		if c := nc.StatusConditions().Get(karpv1.ConditionTypeDrifted); c != nil && c.IsTrue() {
+			t.Errorf("NodeClaim %s (%s) is drifted: %s", nc.Name, nc.Labels[karpv1.CapacityTypeLabelKey], c.Reason)
+		}
+	}
 
 	// A reserved node goes away: its slot comes back and takes the next launch.
 	deleteNodeAndWaitMachineGone(t, reserved[0])
@@ -177,20 +187,28 @@ func memberTemplateObject(t testing.TB, pool string, tmpl *infrav1.AWSMachineTem
 	t.Cleanup(func() { _ = w.Hub.Client.Delete(context.Background(), tmpl) })
 }
 
-// nodeClaimOfNode returns the NodeClaim of a Node.
+// nodeClaimOfNode returns the NodeClaim of a Node (core records the Node's
+// name on its NodeClaim a moment after the Node registers).
 func nodeClaimOfNode(t testing.TB, node string) *karpv1.NodeClaim {
 	t.Helper()
-	list := &karpv1.NodeClaimList{}
-	if err := w.Spoke.Client.List(context.Background(), list); err != nil {
-		t.Fatal(err)
-	}
-	for i := range list.Items {
-		if list.Items[i].Status.NodeName == node {
-			return &list.Items[i]
+	var found *karpv1.NodeClaim
+	err := WaitFor(context.Background(), 30*time.Second, func(ctx context.Context) (bool, error) {
+		list := &karpv1.NodeClaimList{}
+		if err := w.Spoke.Client.List(ctx, list); err != nil {
+			return false, err
 		}
+		for i := range list.Items {
+			if list.Items[i].Status.NodeName == node {
+				found = &list.Items[i]
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no NodeClaim of node %s: %v", node, err)
 	}
-	t.Fatalf("no NodeClaim of node %s", node)
-	return nil
+	return found
 }
 
 // hubEvents counts the hub's events of a reason whose message contains text.
