@@ -27,15 +27,21 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == reaperFlag {
+		runReaper(os.Stdin)
+		return
+	}
 	dir := flag.String("dir", ".demo", "directory for the kubeconfigs, logs and the provider binary")
 	refresh := flag.Duration("refresh", 2*time.Second, "how often the table is redrawn")
 	flag.Parse()
 
-	// SIGINT or SIGTERM stops the demo and everything it started. A second
-	// one does not cut that short: it would leave API servers running.
+	// SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed) stops the
+	// demo and everything it started. A second one does not cut that short:
+	// it would leave API servers running. Should the demo be killed outright
+	// (SIGKILL), every process it started dies with it (Pdeathsig).
 	ctx, cancel := context.WithCancel(context.Background())
 	signals := make(chan os.Signal, 2)
-	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		<-signals
 		cancel()
@@ -62,6 +68,18 @@ func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) 
 		}
 		return err
 	}
+	// The reaper stops what the demo started should the demo die without
+	// doing it (SIGKILL): it watches every process group the demo's
+	// children are in. Registered first, released last.
+	r, err := startReaper()
+	if err != nil {
+		return err
+	}
+	defer r.release()
+	watchCtx, stopWatching := context.WithCancel(context.Background())
+	defer stopWatching()
+	go r.watchDescendants(watchCtx, time.Second)
+
 	root := environment.RepoRoot()
 	if dir, err = filepath.Abs(dir); err != nil {
 		return err
@@ -141,6 +159,8 @@ type demo struct {
 	t0          time.Time
 	kubeconfigs kubeconfigPaths
 	worldLog    string
+	// spotExhausted is what the scale loop last told the simulated AWS.
+	spotExhausted bool
 }
 
 type kubeconfigPaths struct{ hub, spoke string }

@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -19,8 +20,15 @@ import (
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
-// The workload the demo scales (examples/demo/workload.yaml).
-const workloadNamespace, workloadName = "default", "inflate"
+// The workloads the demo scales (examples/demo/workload.yaml): one on the
+// MachineDeployment-mode NodePool, one on the Machine-mode NodePool.
+const workloadNamespace, workloadName, machinesWorkload = "default", "inflate", "inflate-machines"
+
+// Modes, as the table shows them.
+const (
+	modeMachineDeployment = "MD"
+	modeMachine           = "Machine"
+)
 
 // snapshot is what the clusters hold at one moment.
 type snapshot struct {
@@ -35,6 +43,7 @@ type snapshot struct {
 }
 
 type nodeClaim struct {
+	Mode             string
 	Offering         offering
 	Node, Machine    string
 	Launched         bool
@@ -43,6 +52,7 @@ type nodeClaim struct {
 }
 
 type node struct {
+	Mode     string
 	Offering offering
 	Ready    bool
 	Pods     int
@@ -54,7 +64,7 @@ func (o offering) key() string {
 	return strings.Join([]string{o.NodeClass, o.Type, o.Zone, o.CapacityType}, "/")
 }
 
-func (o offering) String() string { return o.Type + " in " + o.Zone }
+func (o offering) String() string { return o.Type + " in " + o.Zone + " (" + o.CapacityType + ")" }
 
 // ReadyNodes counts the Nodes with condition Ready.
 func (s *snapshot) ReadyNodes() int {
@@ -110,12 +120,25 @@ func (s *snapshot) Settled() bool {
 // observe reads both clusters and the provider's metrics.
 func observe(ctx context.Context, w *world.World, p *provider) (*snapshot, error) {
 	s := &snapshot{NodeClaims: map[string]nodeClaim{}, Nodes: map[string]node{}, Prices: map[string]float64{}}
-	d := &appsv1.Deployment{}
-	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Namespace: workloadNamespace, Name: workloadName}, d); err != nil {
+	for _, name := range []string{workloadName, machinesWorkload} {
+		d := &appsv1.Deployment{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Namespace: workloadNamespace, Name: name}, d); err != nil {
+			return nil, err
+		}
+		if d.Spec.Replicas != nil {
+			s.Replicas += *d.Spec.Replicas
+		}
+	}
+	classes := &v1alpha1.ClusterAPINodeClassList{}
+	if err := w.Spoke.Client.List(ctx, classes); err != nil {
 		return nil, err
 	}
-	if d.Spec.Replicas != nil {
-		s.Replicas = *d.Spec.Replicas
+	modes := map[string]string{}
+	for _, c := range classes.Items {
+		modes[c.Name] = modeMachineDeployment
+		if c.Spec.MachineTemplate != nil {
+			modes[c.Name] = modeMachine
+		}
 	}
 	ncs := &karpv1.NodeClaimList{}
 	if err := w.Spoke.Client.List(ctx, ncs); err != nil {
@@ -127,7 +150,7 @@ func observe(ctx context.Context, w *world.World, p *provider) (*snapshot, error
 		if nc.Spec.NodeClassRef != nil {
 			o.NodeClass = nc.Spec.NodeClassRef.Name
 		}
-		c := nodeClaim{Offering: o, Node: nc.Status.NodeName, Machine: nc.Annotations[v1alpha1.MachineAnnotation],
+		c := nodeClaim{Mode: modes[o.NodeClass], Offering: o, Node: nc.Status.NodeName, Machine: nc.Annotations[v1alpha1.MachineAnnotation],
 			Launched: nc.Status.ProviderID != "", Deleting: !nc.DeletionTimestamp.IsZero()}
 		if cond := nc.StatusConditions().Get(karpv1.ConditionTypeDisruptionReason); cond != nil && cond.IsTrue() {
 			c.DisruptionReason = cond.Reason
@@ -148,7 +171,7 @@ func observe(ctx context.Context, w *world.World, p *provider) (*snapshot, error
 		if !ok {
 			class = nodeClass[n.Spec.ProviderID]
 		}
-		nd := node{Offering: offering{NodeClass: class, Type: n.Labels[corev1.LabelInstanceTypeStable],
+		nd := node{Mode: modes[class], Offering: offering{NodeClass: class, Type: n.Labels[corev1.LabelInstanceTypeStable],
 			Zone: n.Labels[corev1.LabelTopologyZone], CapacityType: n.Labels[karpv1.CapacityTypeLabelKey]}}
 		for _, c := range n.Status.Conditions {
 			nd.Ready = nd.Ready || (c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue)
@@ -156,7 +179,8 @@ func observe(ctx context.Context, w *world.World, p *provider) (*snapshot, error
 		s.Nodes[n.Name] = nd
 	}
 	pods := &corev1.PodList{}
-	if err := w.Spoke.Client.List(ctx, pods, client.InNamespace(workloadNamespace), client.MatchingLabels{"app": workloadName}); err != nil {
+	apps, _ := labels.Parse("app in (" + workloadName + "," + machinesWorkload + ")")
+	if err := w.Spoke.Client.List(ctx, pods, client.InNamespace(workloadNamespace), client.MatchingLabelsSelector{Selector: apps}); err != nil {
 		return nil, err
 	}
 	for _, pod := range pods.Items {
@@ -258,10 +282,10 @@ func diff(prev, cur *snapshot, events *eventLog) {
 			}
 		}
 		if nc.Launched && !old.Launched {
-			events.add("NodeClaim %s launched: %s%s, Machine %s", name, nc.Offering, price(nc.Offering), nc.Machine)
+			events.add("[%s] NodeClaim %s launched: %s%s, Machine %s", nc.Mode, name, nc.Offering, price(nc.Offering), nc.Machine)
 		}
 		if nc.DisruptionReason != "" && old.DisruptionReason == "" {
-			events.add("NodeClaim %s disrupted: %s", name, nc.DisruptionReason)
+			events.add("[%s] NodeClaim %s disrupted: %s", nc.Mode, name, nc.DisruptionReason)
 		}
 		if nc.Deleting && !old.Deleting {
 			events.add("NodeClaim %s deleting (node %s)", name, orNone(nc.Node))
@@ -274,7 +298,7 @@ func diff(prev, cur *snapshot, events *eventLog) {
 	}
 	for _, name := range sortedKeys(cur.Nodes) {
 		if cur.Nodes[name].Ready && !prev.Nodes[name].Ready {
-			events.add("Node %s Ready: %s", name, cur.Nodes[name].Offering)
+			events.add("[%s] Node %s Ready: %s", cur.Nodes[name].Mode, name, cur.Nodes[name].Offering)
 		}
 	}
 }

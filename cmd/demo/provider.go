@@ -18,7 +18,13 @@ import (
 func buildProvider(ctx context.Context, root, bin string) error {
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
 	cmd.Dir = root
+	// CGO_ENABLED=0 as `make demo` builds the demo: the provider's packages
+	// are then the demo's, compiled once.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// go build runs the compiler in children: a process group of its own,
+	// all stopped when the demo stops, and killed if the demo is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the provider: %w: %s", err, out)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 )
@@ -75,10 +76,13 @@ func (d *demo) row(s *snapshot) string {
 // screen is the whole dashboard for a terminal.
 func (d *demo) screen(s *snapshot) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "karpenter-clusterapi demo: Karpenter scales Cluster API MachineDeployments on a simulated AWS. Ctrl-C stops it all.\n\n")
+	fmt.Fprintf(&b, "karpenter-clusterapi demo: Karpenter on Cluster API with a simulated AWS, both modes side by side:\n"+
+		"MD = MachineDeployment mode (NodePool demo, workload inflate), Machine = Machine mode (NodePool machines, workload inflate-machines, spot first).\n"+
+		"Ctrl-C stops it all.\n\n")
 	fmt.Fprintf(&b, "%s\n%s\n\n", header, d.row(s))
-	fmt.Fprintf(&b, "  %-30s %-12s %-11s %-10s %5s %7s\n", "NODE", "TYPE", "ZONE", "CAPACITY", "PODS", "$/HOUR")
+	fmt.Fprintf(&b, "  %-8s %-30s %-12s %-11s %-10s %5s %7s\n", "MODE", "NODE", "TYPE", "ZONE", "CAPACITY", "PODS", "$/HOUR")
 	names := sortedKeys(s.Nodes)
+	sort.SliceStable(names, func(i, j int) bool { return s.Nodes[names[i]].Mode < s.Nodes[names[j]].Mode })
 	for i, name := range names {
 		if i == maxNodeRows {
 			fmt.Fprintf(&b, "  ... and %d more\n", len(names)-maxNodeRows)
@@ -93,7 +97,7 @@ func (d *demo) screen(s *snapshot) string {
 		if p, ok := s.Price(n.Offering); ok {
 			price = fmt.Sprintf("%.3f", p)
 		}
-		fmt.Fprintf(&b, "  %-30s %-12s %-11s %-10s %5d %7s%s\n", name, n.Offering.Type, n.Offering.Zone, n.Offering.CapacityType, n.Pods, price, state)
+		fmt.Fprintf(&b, "  %-8s %-30s %-12s %-11s %-10s %5d %7s%s\n", orNone(n.Mode), name, n.Offering.Type, n.Offering.Zone, n.Offering.CapacityType, n.Pods, price, state)
 	}
 	if len(names) == 0 {
 		fmt.Fprintf(&b, "  (no nodes)\n")
@@ -112,8 +116,8 @@ func (d *demo) screen(s *snapshot) string {
 
 // usage says how to look at the clusters beside the demo.
 func (d *demo) usage() string {
-	return fmt.Sprintf("Beside it:  KUBECONFIG=%s kubectl get nodepools,nodeclaims,nodes,pods\n"+
-		"            KUBECONFIG=%s kubectl get machinedeployments,machines\n"+
+	return fmt.Sprintf("Beside it:  KUBECONFIG=%s kubectl get clusterapinodeclasses,nodepools,nodeclaims,nodes -o wide\n"+
+		"            KUBECONFIG=%s kubectl get machinedeployments,machines,awsmachines\n"+
 		"Logs:       %s  %s\n",
 		d.rel(d.kubeconfigs.spoke), d.rel(d.kubeconfigs.hub), d.rel(d.p.logPath), d.rel(d.worldLog))
 }

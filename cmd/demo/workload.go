@@ -6,23 +6,32 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
 // step is one stage of the workload loop. It lasts at least minimum (scale
 // downs leave Karpenter time to consolidate), and ends once the fleet has
 // been settled for settleFor, or after maxStep in any case.
 type step struct {
-	replicas int32
-	why      string
-	minimum  time.Duration
+	// md and machines are the replicas of the MachineDeployment-mode and
+	// the Machine-mode workload.
+	md, machines int32
+	// spotExhausted makes the simulated AWS refuse spot launches
+	// (InsufficientInstanceCapacity) during the step.
+	spotExhausted bool
+	why           string
+	minimum       time.Duration
 }
+
+func (s step) replicas() int32 { return s.md + s.machines }
 
 // steps repeat until Ctrl-C. Each pod asks for 1 CPU.
 var steps = []step{
-	{6, "new nodes for 6 pods", 30 * time.Second},
-	{14, "more nodes for 14 pods", 30 * time.Second},
-	{3, "consolidation: fewer, cheaper nodes for 3 pods", 100 * time.Second},
-	{0, "empty nodes are removed", 60 * time.Second},
+	{6, 4, false, "new nodes: MachineDeployment replicas (MD) and standalone spot Machines (Machine)", 30 * time.Second},
+	{14, 8, true, "more nodes; spot is exhausted in the simulated AWS: Machine mode falls back to on-demand", 30 * time.Second},
+	{3, 2, false, "spot is back; consolidation: fewer, cheaper nodes (on-demand replaced by spot)", 100 * time.Second},
+	{0, 0, false, "empty nodes are removed", 60 * time.Second},
 }
 
 const (
@@ -34,13 +43,26 @@ const (
 func (d *demo) scaleLoop(ctx context.Context) {
 	for i := 0; ; i = (i + 1) % len(steps) {
 		st := steps[i]
-		if err := d.scale(ctx, st.replicas); err != nil {
+		if st.spotExhausted != d.spotExhausted {
+			d.w.AWS.SetInsufficientCapacity("", "", world.CapacityTypeSpot, st.spotExhausted)
+			d.spotExhausted = st.spotExhausted
+			if st.spotExhausted {
+				d.events.add("simulated AWS: spot capacity exhausted everywhere (launches fail with InsufficientInstanceCapacity)")
+			} else {
+				d.events.add("simulated AWS: spot capacity is back")
+			}
+		}
+		err := d.scale(ctx, workloadName, st.md)
+		if err == nil {
+			err = d.scale(ctx, machinesWorkload, st.machines)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			d.events.add("scaling the workload: %v", err)
+			d.events.add("scaling the workloads: %v", err)
 		} else {
-			d.events.add("workload %s scaled to %d replicas: %s", workloadName, st.replicas, st.why)
+			d.events.add("workloads scaled to %d (MD) + %d (Machine) replicas: %s", st.md, st.machines, st.why)
 		}
 		if !d.hold(ctx, st) {
 			return
@@ -58,7 +80,7 @@ func (d *demo) hold(ctx context.Context, st step) bool {
 			return false
 		case <-time.After(time.Second):
 		}
-		if s := d.latest.Load(); s == nil || s.Replicas != st.replicas || !s.Settled() {
+		if s := d.latest.Load(); s == nil || s.Replicas != st.replicas() || !s.Settled() {
 			settledSince = time.Time{}
 		} else if settledSince.IsZero() {
 			settledSince = time.Now()
@@ -70,9 +92,9 @@ func (d *demo) hold(ctx context.Context, st step) bool {
 	}
 }
 
-func (d *demo) scale(ctx context.Context, replicas int32) error {
+func (d *demo) scale(ctx context.Context, name string, replicas int32) error {
 	dep := &appsv1.Deployment{}
-	if err := d.w.Spoke.Client.Get(ctx, client.ObjectKey{Namespace: workloadNamespace, Name: workloadName}, dep); err != nil {
+	if err := d.w.Spoke.Client.Get(ctx, client.ObjectKey{Namespace: workloadNamespace, Name: name}, dep); err != nil {
 		return err
 	}
 	patch := client.MergeFrom(dep.DeepCopy())

@@ -52,7 +52,8 @@ func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClai
 			why = append(why, fmt.Sprintf("%s: requests %v do not fit allocatable %v", it.Name, resources.String(nodeClaim.Spec.Resources.Requests), resources.String(it.Allocatable())))
 			continue
 		}
-		compatible := it.Offerings.Available().Compatible(reqs)
+		// Launchable: a full reservation is available but takes no launch.
+		compatible := it.Offerings.Launchable().Compatible(reqs)
 		if len(compatible) == 0 {
 			why = append(why, fmt.Sprintf("%s: no available offering matches %s", it.Name, offeringRequirements(reqs)))
 		}

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/events"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
@@ -40,6 +41,8 @@ type CloudProvider struct {
 	priced cloudprovider.CloudProvider
 	// hubBack waits until an unreachable hub answers again (nil: no waiting).
 	hubBack func(context.Context) error
+	// events records Launched events on NodeClaims (nil: none).
+	events events.Recorder
 }
 
 // WaitForHubWith makes Create wait out an unreachable hub, up to
@@ -131,6 +134,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	for k, v := range launched.Annotations {
 		created.Annotations[k] = v
 	}
+	c.launched(nodeClaim, m, created, launched.From)
 	return created, nil
 }
 

@@ -52,6 +52,7 @@ func (c *CloudProvider) nodeClaimOf(m *clusterv1.Machine, src instancetype.Sourc
 	}
 	nc.Status.Capacity = src.Capacity
 	nc.Status.Allocatable = src.Allocatable
+	nc.Status.ImageID = src.ImageID
 	return nc
 }
 

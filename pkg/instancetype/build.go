@@ -10,6 +10,8 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 	"sigs.k8s.io/karpenter/pkg/scheduling"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 )
 
 // OfferingKey names one offering of one instance type.
@@ -91,7 +93,18 @@ func Build(sources []Source) *Set {
 func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceType, []Source) {
 	first := group[0]
 	kept := []Source{first}
+	reservations := map[string]Source{} // zone -> the reserved source kept
+	if first.isReserved() {
+		reservations[first.Zone] = first
+	}
 	for _, s := range group[1:] {
+		if r, ok := reservations[s.Zone]; ok && s.isReserved() && r.ReservationID != s.ReservationID {
+			// One reserved offering per type and zone: an offering key has no
+			// reservation ID.
+			set.Problems = append(set.Problems, fmt.Sprintf("%s names capacity reservation %s, %s names %s for %s in %q too: it is skipped; use one reservation per instance type and zone",
+				s.Origin, s.ReservationID, r.Origin, r.ReservationID, name, s.Zone))
+			continue
+		}
 		if !equality.Semantic.DeepEqual(s.Capacity, first.Capacity) || !equality.Semantic.DeepEqual(s.Allocatable, first.Allocatable) || s.Arch != first.Arch || s.OS != first.OS {
 			set.Problems = append(set.Problems, fmt.Sprintf(
 				"MachineDeployment %s yields instance type %s with a different capacity, allocatable (kubelet settings) or architecture than %s: it is skipped; give it a distinct instance type",
@@ -99,11 +112,17 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 			continue
 		}
 		kept = append(kept, s)
+		if s.isReserved() {
+			reservations[s.Zone] = s
+		}
 	}
 
 	type offer struct {
 		price     float64
 		available bool
+		// reservationID and capacity of a reserved offering.
+		reservationID string
+		capacity      int
 	}
 	offers := map[OfferingKey]*offer{}
 	var zones, capacityTypes []string
@@ -113,7 +132,7 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 		k := OfferingKey{InstanceType: name, Zone: s.Zone, CapacityType: s.CapacityType}
 		o, ok := offers[k]
 		if !ok {
-			o = &offer{price: s.Price, available: s.Available}
+			o = &offer{price: s.Price, available: s.Available, reservationID: s.ReservationID, capacity: s.ReservationCapacity}
 			offers[k] = o
 			if s.Zone != "" {
 				zones = appendUnique(zones, s.Zone)
@@ -127,6 +146,7 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 			o.price = s.Price
 		}
 		o.available = o.available || s.Available
+		o.capacity = min(o.capacity, s.ReservationCapacity)
 	}
 
 	reqs := []*scheduling.Requirement{
@@ -141,13 +161,15 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 	if len(zones) > 0 && !zoneless {
 		reqs = append(reqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, zones...))
 	}
-	for k, v := range commonLabels(kept) {
+	common := commonLabels(kept)
+	for k, v := range common {
 		switch k {
 		case corev1.LabelInstanceTypeStable, corev1.LabelArchStable, corev1.LabelOSStable, corev1.LabelTopologyZone, karpv1.CapacityTypeLabelKey:
 			continue
 		}
 		reqs = append(reqs, scheduling.NewRequirement(k, corev1.NodeSelectorOpIn, v))
 	}
+	reqs = append(reqs, instanceLabelRequirements(first.InstanceLabels, keySet(common))...)
 
 	keys := make([]OfferingKey, 0, len(offers))
 	for k := range offers {
@@ -166,10 +188,18 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 		if k.Zone != "" {
 			oreqs = append(oreqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, k.Zone))
 		}
+		capacity := 0
+		if k.CapacityType == karpv1.CapacityTypeReserved {
+			oreqs = append(oreqs, scheduling.NewRequirement(v1alpha1.LabelCapacityReservationID, corev1.NodeSelectorOpIn, o.reservationID))
+			capacity = o.capacity
+		} else {
+			oreqs = append(oreqs, scheduling.NewRequirement(v1alpha1.LabelCapacityReservationID, corev1.NodeSelectorOpDoesNotExist))
+		}
 		offerings = append(offerings, &cloudprovider.Offering{
-			Requirements: scheduling.NewRequirements(oreqs...),
-			Price:        o.price,
-			Available:    o.available,
+			Requirements:        scheduling.NewRequirements(oreqs...),
+			Price:               o.price,
+			Available:           o.available,
+			ReservationCapacity: capacity,
 		})
 	}
 	return &cloudprovider.InstanceType{

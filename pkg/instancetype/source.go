@@ -56,6 +56,23 @@ type Source struct {
 	Available bool
 	// Replicas of a MachineDeployment origin that has a max size (0 otherwise).
 	Replicas int32
+	// ReservationID is the capacity reservation a reserved source launches
+	// into; ReservationCount how many instances it holds, and
+	// ReservationCapacity how many more it can take now (Count minus the
+	// instances in it, set by whoever knows them).
+	ReservationID       string
+	ReservationCount    int
+	ReservationCapacity int
+	// ImageID is the machine image the template names (CAPA: spec.ami.id),
+	// shown as the NodeClaim's status.imageID; "" when not known.
+	ImageID string
+	// AWS is true when the nodes come from an AWSMachineTemplate (CAPA): the
+	// instance type also carries the AWS provider's derivable labels.
+	AWS bool
+	// InstanceLabels are the well-known instance labels of the type
+	// (labels.go): derived from its name and capacity, or given by the
+	// capacity labels annotation. finish computes them.
+	InstanceLabels map[string]string
 
 	// Kubelet is the kubelet configuration of the origin's nodes as far as it
 	// decides allocatable, highest source first: the bootstrap template's
@@ -160,6 +177,8 @@ func FromMachineDeploymentTemplates(md *clusterv1.MachineDeployment, template, b
 		src.Capacity[corev1.ResourcePods] = *resource.NewQuantity(DefaultMaxPods, resource.DecimalSI)
 	}
 
+	src.AWS = isAWSTemplate(template)
+	src.ImageID = templateImageID(template)
 	// Name: what the Node's instance-type label will say.
 	src.Name = src.NodeLabels[corev1.LabelInstanceTypeStable]
 	if src.Name == "" && template != nil {
@@ -200,6 +219,22 @@ func FromMachineDeploymentTemplates(md *clusterv1.MachineDeployment, template, b
 	if template != nil && templateAsksForSpot(template) {
 		src.CapacityType = karpv1.CapacityTypeSpot
 	}
+	// Every Machine of a MachineDeployment whose template names a capacity
+	// reservation launches into it: all its replicas hold a slot.
+	res, reserved, resErr := templateReservation(template, tmplAnnotations, md.Annotations)
+	if resErr != nil {
+		fatal = append(fatal, resErr.Error())
+	} else if reserved {
+		src.CapacityType = karpv1.CapacityTypeReserved
+		src.ReservationID, src.ReservationCount = res.ID, res.Count
+		if md.Spec.Replicas != nil {
+			src.Replicas = *md.Spec.Replicas
+		}
+		src.ReservationCapacity = max(0, res.Count-int(src.Replicas))
+		if res.Zone != "" && src.Zone != "" && res.Zone != src.Zone {
+			fatal = append(fatal, fmt.Sprintf("annotation %q says zone %s, spec.template.spec.failureDomain %s", v1alpha1.ReservationZoneAnnotation, res.Zone, src.Zone))
+		}
+	}
 	if v := src.NodeLabels[karpv1.CapacityTypeLabelKey]; v != "" {
 		src.CapacityType = v
 	}
@@ -229,6 +264,9 @@ func FromMachineDeploymentTemplates(md *clusterv1.MachineDeployment, template, b
 	src.Kubelet = bootstrapKubelet(md, bootstrap, problem)
 
 	src.Price, src.PriceEstimated = price(md.Annotations, tmplAnnotations, src, problem)
+	if src.isReserved() {
+		src.Price = reservedPrice(src.Price, problem, tmplAnnotations, md.Annotations)
+	}
 	if src.Err == nil {
 		src.finish()
 	}
@@ -249,6 +287,15 @@ func (s *Source) finish() {
 		s.Labels[corev1.LabelTopologyZone] = s.Zone
 	} else {
 		delete(s.Labels, corev1.LabelTopologyZone)
+	}
+	if s.isReserved() {
+		s.Labels[v1alpha1.LabelCapacityReservationID] = s.ReservationID
+	} else {
+		delete(s.Labels, v1alpha1.LabelCapacityReservationID)
+	}
+	s.InstanceLabels = s.instanceLabels()
+	for k, v := range s.InstanceLabels {
+		s.Labels[k] = v
 	}
 	// The pod limit: the kubelet configuration's max-pods, else the pods
 	// capacity the annotations gave, else the kubelet's default.

@@ -47,6 +47,8 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 		ClusterName:  o.ClusterName,
 		ObjectLabels: t.GetLabels(),
 		Available:    true,
+		AWS:          isAWSTemplate(t),
+		ImageID:      templateImageID(t),
 	}
 	what := fmt.Sprintf("%s %s/%s", t.GetKind(), t.GetNamespace(), t.GetName())
 	problem := func(format string, args ...any) {
@@ -86,6 +88,19 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 	}
 	base.Taints = append(base.Taints, parsed.Taints...)
 
+	// A template naming a capacity reservation offers it as reserved
+	// capacity, in the reservation's zone; its on-demand (and spot)
+	// offerings launch clones without the reservation, where Karpenter falls
+	// back to when the reservation is full.
+	res, reserved, err := templateReservation(t, ann)
+	var resZones []string
+	if err == nil && reserved {
+		resZones, err = reservedZones(res, o.Zones)
+	}
+	if err != nil {
+		fatal = append(fatal, err.Error())
+	}
+
 	switch {
 	case len(fatal) > 0:
 		base.Err = fmt.Errorf("%s is skipped: %s", what, strings.Join(fatal, "; "))
@@ -124,6 +139,21 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 			s.finish()
 			out = append(out, s)
 		}
+	}
+	for _, zone := range resZonesOrNone(resZones, reserved) {
+		s := base
+		s.Zone, s.CapacityType = zone, karpv1.CapacityTypeOnDemand
+		s.Capacity = base.Capacity.DeepCopy()
+		s.Problems = nil
+		report := func(format string, args ...any) {
+			s.Problems = append(s.Problems, what+": "+fmt.Sprintf(format, args...))
+		}
+		onDemand, estimated := price(nil, ann, s, report)
+		s.CapacityType = karpv1.CapacityTypeReserved
+		s.Price, s.PriceEstimated = reservedPrice(onDemand, report, ann), estimated
+		s.ReservationID, s.ReservationCount, s.ReservationCapacity = res.ID, res.Count, res.Count
+		s.finish()
+		out = append(out, s)
 	}
 	// Report the shape's problems once, with the first offering.
 	out[0].Problems = append(base.Problems, out[0].Problems...)
@@ -177,3 +207,16 @@ func TemplateAsksForSpot(t *unstructured.Unstructured) bool { return templateAsk
 // PropagatesToNode reports whether Cluster API syncs a Machine label with
 // this key to its Node.
 func PropagatesToNode(key string) bool { return propagatesToNode(key) }
+
+// resZonesOrNone: the zones of a reservation's offerings; a reservation in a
+// Cluster without failure domains has one offering without a zone.
+func resZonesOrNone(zones []string, reserved bool) []string {
+	switch {
+	case !reserved:
+		return nil
+	case len(zones) == 0:
+		return []string{""}
+	default:
+		return zones
+	}
+}

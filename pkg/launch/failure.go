@@ -15,7 +15,7 @@ var capacityCodes = []string{
 	"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
 	"InsufficientReservedInstanceCapacity", "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow",
 	"UnfulfillableCapacity", "ZONE_RESOURCE_POOL_EXHAUSTED", "ZonalAllocationFailed", "SkuNotAvailable",
-	"AllocationFailed",
+	"AllocationFailed", "ReservationCapacityExceeded",
 }
 
 // LaunchFailure is what an infrastructure machine says about a failed launch.

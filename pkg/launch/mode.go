@@ -37,6 +37,9 @@ type Launched struct {
 	// Annotations the mode recorded on the NodeClaim (its choices), for
 	// the NodeClaim Create returns.
 	Annotations map[string]string
+	// From names what the Machine was made from, for users' events
+	// ("MachineDeployment ns/name", "AWSMachineTemplate ns/name").
+	From string
 }
 
 // Mode turns NodeClaims into Cluster API objects in one way. The cloud

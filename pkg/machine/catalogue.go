@@ -39,6 +39,8 @@ type Catalogue struct {
 	hub         *hub.Hub
 	unavailable *launch.Unavailable
 	notify      func()
+	// reservations counts the capacity reservation slots Machines hold.
+	reservations *Reservations
 
 	kinds           sync.Map // schema.GroupVersionKind -> *atomic.Int64 (event count)
 	clustersVersion atomic.Int64
@@ -86,6 +88,14 @@ func NewCatalogue(ctx context.Context, h *hub.Hub, unavailable *launch.Unavailab
 	}
 	if _, err := informer.AddEventHandler(handler); err != nil {
 		return nil, fmt.Errorf("watching Clusters: %w", err)
+	}
+	c.reservations = NewReservations(notify)
+	machines, err := h.GetCache().GetInformer(ctx, &clusterv1.Machine{}, cache.BlockUntilSynced(false))
+	if err != nil {
+		return nil, fmt.Errorf("getting the Machine informer: %w", err)
+	}
+	if _, err := machines.AddEventHandler(c.reservations.handler()); err != nil {
+		return nil, fmt.Errorf("watching Machines: %w", err)
 	}
 	return c, nil
 }
@@ -169,7 +179,7 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 		bootstrapEvents = counter.Load()
 	}
 	spec, _ := json.Marshal(nc.Spec)
-	key := fmt.Sprintf("%s|%s|%d|%d|%d|%d", spec, gvk, events.Load(), bootstrapEvents, c.clustersVersion.Load(), c.unavailable.Version())
+	key := fmt.Sprintf("%s|%s|%d|%d|%d|%d|%d", spec, gvk, events.Load(), bootstrapEvents, c.clustersVersion.Load(), c.unavailable.Version(), c.reservations.Version())
 	c.mu.Lock()
 	if m, ok := c.memo[nc.Name]; ok && m.key == key {
 		c.mu.Unlock()
@@ -223,6 +233,9 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 			Kubelet:     b.kubelet,
 		}) {
 			s = s.WithKubelet(override)
+			if s.Err == nil && s.ReservationID != "" {
+				s.ReservationCapacity = max(0, s.ReservationCount-c.reservations.Used(s.ReservationID))
+			}
 			if s.Err == nil && c.unavailable.Has(instancetype.OfferingKey{InstanceType: s.Name, Zone: s.Zone, CapacityType: s.CapacityType}) {
 				s.Available = false
 			}

@@ -22,7 +22,7 @@ func TestOfferingRoundTripsAndRejectsMalformedValues(t *testing.T) {
 			t.Fatalf("ParseOffering(%q) = %v, %v; want %v", o.String(), got, err, o)
 		}
 	}
-	for _, bad := range []string{"", "ns/t/z", "ns//z/spot", "/t/z/spot", "ns/t/z/reserved", "ns/t/z/spot/extra"} {
+	for _, bad := range []string{"", "ns/t/z", "ns//z/spot", "/t/z/spot", "ns/t/z/dedicated", "ns/t/z/spot/extra"} {
 		if _, err := ParseOffering(bad); err == nil {
 			t.Errorf("ParseOffering(%q) accepted a malformed value", bad)
 		} else if !strings.Contains(err.Error(), v1alpha1.OfferingAnnotation) {

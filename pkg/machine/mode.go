@@ -3,6 +3,7 @@ package machine
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -81,6 +82,9 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 	}
 	out := &launch.Launched{Machine: machine, Annotations: map[string]string{v1alpha1.OfferingAnnotation: machine.Annotations[v1alpha1.OfferingAnnotation]}}
 	out.Source, _ = m.Describe(machine)
+	if o, err := ParseOffering(machine.Annotations[v1alpha1.OfferingAnnotation]); err == nil {
+		out.From = fmt.Sprintf("%sTemplate %s", machine.Spec.InfrastructureRef.Kind, o.Template)
+	}
 	return out, nil
 }
 

@@ -48,7 +48,7 @@ func (o Offering) String() string {
 // ParseOffering parses what String returns.
 func ParseOffering(s string) (Offering, error) {
 	parts := strings.SplitN(s, "/", 4)
-	if len(parts) != 4 || parts[0] == "" || parts[1] == "" || (parts[3] != karpv1.CapacityTypeOnDemand && parts[3] != karpv1.CapacityTypeSpot) {
+	if len(parts) != 4 || parts[0] == "" || parts[1] == "" || (parts[3] != karpv1.CapacityTypeOnDemand && parts[3] != karpv1.CapacityTypeSpot && parts[3] != karpv1.CapacityTypeReserved) {
 		return Offering{}, fmt.Errorf("annotation %s %q is not <namespace>/<template>/<zone>/<capacity type>", v1alpha1.OfferingAnnotation, s)
 	}
 	return Offering{Template: types.NamespacedName{Namespace: parts[0], Name: parts[1]}, Zone: parts[2], CapacityType: parts[3]}, nil
@@ -127,6 +127,19 @@ func makeSpot(infra *unstructured.Unstructured) error {
 	return unstructured.SetNestedMap(infra.Object, map[string]any{}, "spec", "spotMarketOptions")
 }
 
+// dropReservation makes a cloned CAPA AWSMachine an ordinary on-demand (or
+// spot) request: the reservation fields of its template are for the
+// reserved offering only.
+func dropReservation(infra *unstructured.Unstructured) {
+	unstructured.RemoveNestedField(infra.Object, "spec", "capacityReservationId")
+	if mt, _, _ := unstructured.NestedString(infra.Object, "spec", "marketType"); strings.EqualFold(mt, "CapacityBlock") {
+		unstructured.RemoveNestedField(infra.Object, "spec", "marketType")
+	}
+	if pref, _, _ := unstructured.NestedString(infra.Object, "spec", "capacityReservationPreference"); pref == "CapacityReservationsOnly" {
+		unstructured.RemoveNestedField(infra.Object, "spec", "capacityReservationPreference")
+	}
+}
+
 // machineSpec is what the Machine of a launch looks like.
 type machineSpec struct {
 	name, clusterName, claim, version string
@@ -136,6 +149,8 @@ type machineSpec struct {
 	bootstrap                         clusterv1.Bootstrap
 	metadata                          v1alpha1.MachineMetadata
 	templateHash, bootstrapHash       string
+	// reservationID is the capacity reservation a reserved launch takes a slot of.
+	reservationID string
 }
 
 func newMachine(s machineSpec) *clusterv1.Machine {
@@ -154,6 +169,9 @@ func newMachine(s machineSpec) *clusterv1.Machine {
 	annotations[v1alpha1.InstanceTypeAnnotation] = s.instanceType
 	annotations[v1alpha1.TemplateHashAnnotation] = s.templateHash
 	annotations[v1alpha1.BootstrapHashAnnotation] = s.bootstrapHash
+	if s.reservationID != "" {
+		annotations[v1alpha1.ReservationIDAnnotation] = s.reservationID
+	}
 	m := &clusterv1.Machine{}
 	m.Namespace = s.offering.Template.Namespace
 	m.Name = s.name

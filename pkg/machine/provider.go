@@ -19,6 +19,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
@@ -176,7 +177,7 @@ func attemptName(clusterName, claim string, attempt int) string {
 // create creates the infrastructure machine, the bootstrap config and the
 // Machine, each only when missing.
 func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, attempt int, recorded *Offering,
-	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (*clusterv1.Machine, error) {
+	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (m *clusterv1.Machine, err error) {
 	resolved, err := p.catalogue.Resolve(ctx, nc)
 	if err != nil {
 		return nil, err
@@ -184,6 +185,21 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	src, offering, err := p.offering(ctx, resolved, claim, attempt, recorded, choose)
 	if err != nil {
 		return nil, err
+	}
+	reservation := ""
+	if offering.CapacityType == karpv1.CapacityTypeReserved {
+		// Take a slot before anything is made: concurrent launches of this
+		// process never overfill a reservation.
+		if !p.catalogue.reservations.Reserve(src.ReservationID, claim, src.ReservationCount) {
+			return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: capacity reservation %s of %s %s is full (%d instances)",
+				claim, src.ReservationID, resolved.Template.Kind, offering.Template, src.ReservationCount))
+		}
+		reservation = src.ReservationID
+		defer func() {
+			if m == nil { // the Machine was not made: the slot is free again
+				p.catalogue.reservations.Unreserve(reservation, claim)
+			}
+		}()
 	}
 	record(offering)
 
@@ -212,6 +228,10 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	infra, err := clone(template, resolved.Template, name, cluster.Name, claim, offering)
 	if err != nil {
 		return nil, err
+	}
+	if offering.CapacityType != karpv1.CapacityTypeReserved && spotCapable(resolved.Template) {
+		// The template's reservation is for the reserved offering only.
+		dropReservation(infra)
 	}
 	if offering.CapacityType == "spot" && spotCapable(resolved.Template) {
 		if err := makeSpot(infra); err != nil {
@@ -265,9 +285,10 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	}
 
 	// 3. The Machine, referencing both.
-	m := newMachine(machineSpec{
+	m = newMachine(machineSpec{
 		name: name, clusterName: cluster.Name, claim: claim, version: version, instanceType: src.Name,
 		offering:      offering,
+		reservationID: reservation,
 		infra:         clusterv1.ContractVersionedObjectReference{APIGroup: resolved.Template.Group, Kind: infra.GetKind(), Name: name},
 		bootstrap:     bootstrap,
 		metadata:      mt.Metadata,

@@ -381,7 +381,7 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 	c.event(c.hubEvents, m, corev1.EventTypeNormal, "Bound", "bound to NodeClaim "+claim)
 	nc := &karpv1.NodeClaim{}
 	if err := c.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc); err == nil {
-		c.event(c.spokeEvents, nc, corev1.EventTypeNormal, "MachineBound", fmt.Sprintf("Machine %s/%s bound", m.Namespace, m.Name))
+		c.event(c.spokeEvents, nc, corev1.EventTypeNormal, "MachineBound", fmt.Sprintf("Machine %s/%s of MachineDeployment %s bound", m.Namespace, m.Name, m.Labels[clusterv1.MachineDeploymentNameLabel]))
 	}
 	return nil
 }

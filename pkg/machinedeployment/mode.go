@@ -82,7 +82,8 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 			return nil, err
 		}
 	}
-	out := &launch.Launched{Machine: machine, Annotations: map[string]string{}}
+	out := &launch.Launched{Machine: machine, Annotations: map[string]string{},
+		From: fmt.Sprintf("MachineDeployment %s/%s", machine.Namespace, machine.Labels[clusterv1.MachineDeploymentNameLabel])}
 	if v := nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation]; v != "" {
 		out.Annotations[v1alpha1.MachineDeploymentAnnotation] = v
 	}

@@ -133,6 +133,7 @@ func (o *Operator) Run(ctx context.Context) {
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
 	undecorated := cloudprovider.New(o.GetClient(), managed, machines, mdProvider.Mode(), mProvider.Mode())
 	undecorated.WaitForHubWith(o.Hub.Reachability.Wait)
+	undecorated.RecordEventsWith(o.EventRecorder)
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	undecorated.UsePricesFrom(cloudProvider)
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))

@@ -36,6 +36,10 @@ var contractNames = map[string]string{
 	"TemplateHashAnnotation":      v1alpha1.TemplateHashAnnotation,
 	"BootstrapHashAnnotation":     v1alpha1.BootstrapHashAnnotation,
 	"ManagedLabel":                v1alpha1.ManagedLabel,
+	"ReservationCountAnnotation":  v1alpha1.ReservationCountAnnotation,
+	"ReservationZoneAnnotation":   v1alpha1.ReservationZoneAnnotation,
+	"ReservedPriceAnnotation":     v1alpha1.ReservedPriceAnnotation,
+	"ReservationIDAnnotation":     v1alpha1.ReservationIDAnnotation,
 }
 
 // otherNames are further names users meet, from other packages.

@@ -36,10 +36,12 @@ type Instance struct {
 	ID           string
 	Type         string
 	Zone         string
-	CapacityType string // CapacityTypeOnDemand or CapacityTypeSpot
-	State        infrav1.InstanceState
-	ProviderID   string
-	PrivateIP    string
+	CapacityType string // CapacityTypeOnDemand, CapacityTypeSpot or CapacityTypeReserved
+	// ReservationID is the capacity reservation it runs in.
+	ReservationID string
+	State         infrav1.InstanceState
+	ProviderID    string
+	PrivateIP     string
 	// Hostname is the private DNS name, also the Node's name.
 	Hostname   string
 	LaunchTime time.Time
@@ -84,6 +86,7 @@ type SimAWS struct {
 	mu           sync.Mutex
 	delay        time.Duration
 	exhausted    map[offering]bool
+	reservations map[string]capacityReservation
 	terminalICE  bool
 	byID         map[string]*Instance
 	byAWSMachine map[types.UID]string
@@ -567,6 +570,13 @@ func (a *SimAWS) launch(ctx context.Context, am *infrav1.AWSMachine, machine *cl
 			terminal: a.terminalICE,
 		}
 	}
+	reservationID, err := a.checkReservation(am, zone)
+	if err != nil {
+		return nil, err
+	}
+	if reservationID != "" {
+		o.capacityType = CapacityTypeReserved
+	}
 	a.nextIP++
 	zoneIdx := 0
 	for i, z := range a.zones {
@@ -577,20 +587,21 @@ func (a *SimAWS) launch(ctx context.Context, am *infrav1.AWSMachine, machine *cl
 	ip := fmt.Sprintf("10.0.%d.%d", zoneIdx*64+a.nextIP/250, a.nextIP%250+4)
 	now := time.Now()
 	in := &Instance{
-		ID:           randomInstanceID(),
-		Type:         am.Spec.InstanceType,
-		Zone:         zone,
-		CapacityType: o.capacityType,
-		State:        infrav1.InstanceStatePending,
-		PrivateIP:    ip,
-		Hostname:     "ip-" + strings.ReplaceAll(ip, ".", "-") + ".ec2.internal",
-		LaunchTime:   now,
-		RunningAt:    now.Add(a.delay),
-		Namespace:    am.Namespace,
-		AWSMachine:   am.Name,
-		Machine:      machine.Name,
-		ClusterName:  machine.Spec.ClusterName,
-		UserData:     append([]byte(nil), userData...),
+		ID:            randomInstanceID(),
+		Type:          am.Spec.InstanceType,
+		Zone:          zone,
+		CapacityType:  o.capacityType,
+		ReservationID: reservationID,
+		State:         infrav1.InstanceStatePending,
+		PrivateIP:     ip,
+		Hostname:      "ip-" + strings.ReplaceAll(ip, ".", "-") + ".ec2.internal",
+		LaunchTime:    now,
+		RunningAt:     now.Add(a.delay),
+		Namespace:     am.Namespace,
+		AWSMachine:    am.Name,
+		Machine:       machine.Name,
+		ClusterName:   machine.Spec.ClusterName,
+		UserData:      append([]byte(nil), userData...),
 	}
 	in.ProviderID = fmt.Sprintf("aws:///%s/%s", zone, in.ID)
 	a.byID[in.ID] = in

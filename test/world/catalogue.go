@@ -54,6 +54,7 @@ var InstanceTypes = map[string]InstanceType{
 	"c5.xlarge":   instanceType("c5.xlarge", "4", "8Gi", "amd64", 0),
 	"r5.large":    instanceType("r5.large", "2", "16Gi", "amd64", 0),
 	"m6g.large":   instanceType("m6g.large", "2", "8Gi", "arm64", 0),
+	"m6i.large":   instanceType("m6i.large", "2", "8Gi", "amd64", 0),
 	"m6g.xlarge":  instanceType("m6g.xlarge", "4", "16Gi", "arm64", 0),
 	"g4dn.xlarge": instanceType("g4dn.xlarge", "4", "16Gi", "amd64", 1),
 }

@@ -108,8 +108,11 @@ type MachineMetadata struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].status"
 // +kubebuilder:printcolumn:name="Instance Types",type="integer",JSONPath=".status.instanceTypeCount"
-// +kubebuilder:printcolumn:name="Reason",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].reason",priority=1
+// +kubebuilder:printcolumn:name="Reason",type="string",JSONPath=".status.conditions[?(@.type==\"InstanceTypesResolved\")].reason"
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="Templates",type="string",JSONPath=".spec.machineTemplate.infrastructureTemplates.kind",priority=1
+// +kubebuilder:printcolumn:name="Prices",type="string",JSONPath=".status.conditions[?(@.type==\"PricesConfigured\")].reason",priority=1
+// +kubebuilder:printcolumn:name="Message",type="string",JSONPath=".status.conditions[?(@.type==\"InstanceTypesResolved\")].message",priority=1
 type ClusterAPINodeClass struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

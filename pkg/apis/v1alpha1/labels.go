@@ -38,4 +38,18 @@ const (
 	// the provider creates in Machine mode, so that leftovers of an
 	// interrupted launch are found and removed.
 	ManagedLabel = Group + "/managed"
+
+	// ReservationCountAnnotation on an infrastructure template (or a
+	// MachineDeployment) whose template launches into a capacity reservation
+	// says how many instances the reservation holds: Cluster API does not know.
+	ReservationCountAnnotation = Group + "/capacity-reservation-count"
+	// ReservationZoneAnnotation says the zone of the reservation, needed when
+	// the Cluster has several failure domains.
+	ReservationZoneAnnotation = Group + "/capacity-reservation-zone"
+	// ReservedPriceAnnotation is the price per hour of the reserved offering
+	// (default: a millionth of the on-demand price, so Karpenter prefers it).
+	ReservedPriceAnnotation = Group + "/reserved-price"
+	// ReservationIDAnnotation on a Machine (Machine mode) names the capacity
+	// reservation it was launched into: it holds one of its instances.
+	ReservationIDAnnotation = Group + "/capacity-reservation-id"
 )
