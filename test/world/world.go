@@ -358,6 +358,7 @@ func newSpokeManager(cfg *rest.Config, aws *SimAWS, cluster types.NamespacedName
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{NewInformer: reconnectingInformer}, // see StopSpokeAPIServer
 	})
 	if err != nil {
 		return nil, err
@@ -566,6 +567,21 @@ func (w *World) StopHubAPIServer() error {
 // returns once it is ready. Clients reconnect on their own.
 func (w *World) StartHubAPIServer(ctx context.Context) error {
 	return w.Hub.RestartAPIServer(ctx)
+}
+
+// StopSpokeAPIServer kills the first Cluster's workload cluster
+// kube-apiserver (SIGKILL), leaving etcd, the kube-scheduler, the
+// kube-controller-manager and the simulated kubelet running: every client
+// of the spoke sees refused connections until StartSpokeAPIServer.
+func (w *World) StopSpokeAPIServer() error {
+	return w.Spoke.KillAPIServer()
+}
+
+// StartSpokeAPIServer starts the workload cluster's kube-apiserver again on
+// the same address, certificates, users and etcd, and returns once it is
+// ready. Clients reconnect on their own.
+func (w *World) StartSpokeAPIServer(ctx context.Context) error {
+	return w.Spoke.RestartAPIServer(ctx)
 }
 
 // Stop stops everything Start started, in reverse order, and waits for it:
