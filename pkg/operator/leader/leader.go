@@ -54,7 +54,7 @@ type Settings struct {
 	// DISABLE_LEADER_ELECTION): every runnable starts at once.
 	Enabled bool
 	// Name and Namespace of the Lease; Namespace defaults to the Pod's.
-	Name, Namespace                            string
+	Name, Namespace                           string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
