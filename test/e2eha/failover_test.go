@@ -5,8 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
 	"github.com/autonode/karpenter-clusterapi/test/e2e"
 	"github.com/autonode/karpenter-clusterapi/test/ha"
+	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
 // takeoverTarget is the longest a crashed leader may leave launches
@@ -37,7 +41,13 @@ func testFailover(t *testing.T, mode ha.Mode) {
 	old := name + "-old"
 	rs, leader := replicas(t)
 	pool(t, name, ha.PoolOptions{Mode: mode})
-	pool(t, old, ha.PoolOptions{Mode: mode})
+	// A budget of one node: the old nodes are terminated one after the
+	// other, so terminations are in flight for a while.
+	pool(t, old, ha.PoolOptions{Mode: mode, Budget: "1"})
+	// Instances take 5 s to run (the world's default: 1 s): launches stay in
+	// flight for a while too.
+	w.AWS.SetProvisionDelay(5 * time.Second)
+	t.Cleanup(func() { w.AWS.SetProvisionDelay(world.DefaultProvisionDelay) })
 
 	// Nodes to terminate during the burst.
 	oldApp := app(t, old, "app-"+old, 6)
@@ -52,23 +62,22 @@ func testFailover(t *testing.T, mode ha.Mode) {
 	defer watch.Stop()
 	sampler := ha.Sample(w, 500*time.Millisecond, name, old)
 
-	// The burst: the old nodes empty out (consolidation terminates them) and
-	// 16 pods need new nodes at once.
+	// The old nodes empty out; consolidation terminates them one by one
+	// (about 10 s each).
 	scale(t, oldApp, 0)
-	burst := app(t, name, "app-"+name, 16)
-	inFlight := func(ctx context.Context) (bool, error) {
+	if err := e2e.WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		o, err := ha.Count(ctx, w, old, "")
-		if err != nil {
-			return false, err
-		}
-		n, err := ha.Count(ctx, w, name, "")
-		if err != nil {
-			return false, err
-		}
-		return o.NodeClaimsDeleting > 0 && n.NodeClaims > 0 && n.Nodes < 16, nil
+		return err == nil && o.NodeClaimsDeleting > 0, err
+	}); err != nil {
+		t.Fatalf("no termination began: %v", err)
 	}
-	if err := e2e.WaitFor(ctx, 90*time.Second, inFlight); err != nil {
-		t.Fatalf("launches and terminations were never in flight together: %v", err)
+	// The burst: 16 pods need new nodes at once.
+	burst := app(t, name, "app-"+name, 16)
+	if err := e2e.WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		n, err := ha.Count(ctx, w, name, "")
+		return err == nil && n.NodeClaims > 0, err
+	}); err != nil {
+		t.Fatalf("no launch began: %v", err)
 	}
 	o, _ := ha.Count(ctx, w, old, "")
 	n, _ := ha.Count(ctx, w, name, "")
@@ -76,6 +85,9 @@ func testFailover(t *testing.T, mode ha.Mode) {
 	kill := time.Now()
 	rs.Kill(leader)
 	t.Logf("%s: leader replica-%d killed (SIGKILL) with old pool %s; new pool %s", mode, leader, o, n)
+	if o.NodeClaimsDeleting == 0 || n.Nodes >= 16 {
+		t.Fatalf("launches and terminations were not both in flight at the kill")
+	}
 	// Four more pods right after the kill: their nodes can only be launched
 	// by the next leader.
 	scale(t, burst, 20)
@@ -90,6 +102,8 @@ func testFailover(t *testing.T, mode ha.Mode) {
 	leading := time.Since(kill)
 
 	final := waitCounts(t, 5*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 20 && c.Settled(20) })
+	// A node launched across the failover is like any other: not drifted.
+	checkNotDrifted(t, name)
 	waitCounts(t, 3*time.Minute, old, "", func(c ha.Counts) bool { return c.Settled(0) })
 	samples, violations := sampler.Stop()
 
@@ -163,5 +177,21 @@ func TestGracefulHandover(t *testing.T) {
 		exited.Round(10*time.Millisecond), leading.Round(10*time.Millisecond), firstByNext.Round(10*time.Millisecond))
 	if leading > 3*time.Second {
 		t.Errorf("the next replica leads %s after SIGTERM, want within 3s (was the Lease released?)", leading.Round(10*time.Millisecond))
+	}
+}
+
+// checkNotDrifted fails for every NodeClaim of the pool that Karpenter
+// found drifted, with what it holds.
+func checkNotDrifted(t *testing.T, pool string) {
+	t.Helper()
+	ncs := &karpv1.NodeClaimList{}
+	if err := w.Spoke.Client.List(context.Background(), ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range ncs.Items {
+		if c := nc.StatusConditions().Get(karpv1.ConditionTypeDrifted); c != nil && c.IsTrue() {
+			t.Errorf("NodeClaim %s drifted (%s: %s): labels %v annotations %v requirements %v",
+				nc.Name, c.Reason, c.Message, nc.Labels, nc.Annotations, nc.Spec.Requirements)
+		}
 	}
 }

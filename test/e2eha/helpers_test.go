@@ -98,3 +98,7 @@ func waitCounts(t *testing.T, timeout time.Duration, pool, app string, want func
 	}
 	return last
 }
+
+func waitUntil(ctx context.Context, timeout time.Duration, cond func(context.Context) (bool, error)) error {
+	return e2e.WaitFor(ctx, timeout, cond)
+}

@@ -1,0 +1,146 @@
+package e2eha
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/autonode/karpenter-clusterapi/test/ha"
+)
+
+// spokeOutage is how long the workload cluster's API server stays down.
+const spokeOutage = 2 * time.Minute
+
+// spokeRecoveryTarget is how soon after the workload cluster's return a
+// pod that needs a node gets one launched.
+const spokeRecoveryTarget = 30 * time.Second
+
+// The workload cluster's API server dies for two minutes while nodes run and
+// pods wait for nodes being launched. The provider cannot see NodeClaims,
+// Nodes or pods meanwhile: it must not take that for their absence. Nothing
+// in the hub is deleted or scaled down, launches resume within
+// spokeRecoveryTarget of the return, and no NodeClaim or Machine is made
+// twice.
+func TestSpokeOutage(t *testing.T) {
+	for _, mode := range []ha.Mode{ha.MachineMode, ha.MachineDeploymentMode} {
+		t.Run(string(mode), func(t *testing.T) { testSpokeOutage(t, mode) })
+	}
+}
+
+func testSpokeOutage(t *testing.T, mode ha.Mode) {
+	ctx := context.Background()
+	name := map[ha.Mode]string{ha.MachineMode: "so-m", ha.MachineDeploymentMode: "so-md"}[mode]
+	rs, _ := replicas(t)
+	pool(t, name, ha.PoolOptions{Mode: mode})
+	d := app(t, name, "app-"+name, 6)
+	waitCounts(t, 4*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 6 && c.Settled(6) })
+	watch, err := ha.WatchHub(ctx, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop()
+
+	// Pods waiting for nodes being launched when the API server dies.
+	scale(t, d, 9)
+	if err := waitFor(ctx, time.Minute, func(c ha.Counts) bool { return c.NodeClaims > 6 }, name); err != nil {
+		t.Fatalf("no launch began for the 3 new pods: %v", err)
+	}
+	before, err := machinesByName(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := ha.Count(ctx, w, name, "app-"+name)
+	if err := w.StopSpokeAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	down := time.Now()
+	back := false
+	t.Cleanup(func() {
+		if !back {
+			if err := w.StartSpokeAPIServer(context.Background()); err != nil {
+				t.Errorf("restarting the spoke API server: %v", err)
+			}
+		}
+	})
+	t.Logf("%s: spoke API server killed with %s", mode, c)
+	tick := time.NewTicker(5 * time.Second)
+	for time.Since(down) < spokeOutage {
+		select {
+		case <-tick.C:
+		case <-time.After(spokeOutage - time.Since(down)):
+		}
+		if bad := destructive(watch.Events(down)); len(bad) > 0 {
+			t.Fatalf("destructive hub writes during the spoke outage (%s in): %v", time.Since(down).Round(time.Second), bad)
+		}
+	}
+	tick.Stop()
+	if err := w.StartSpokeAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	back = true
+	returned := time.Now()
+	t.Logf("%s: spoke API server back after %s; replica restarts so far %v", mode, returned.Sub(down).Round(time.Second), rs.Restarts())
+	// A pod that needs a node after the return.
+	scale(t, d, 10)
+
+	final := waitCounts(t, 4*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 10 && c.Settled(10) })
+	launch, ok := watch.First(returned, name, launchKinds[mode])
+	if !ok {
+		t.Fatalf("no launch after the return")
+	}
+	recovery := launch.At.Sub(returned)
+	t.Logf("HA-FIGURE spoke-outage mode=%s return->first-launch=%s restarts=%v final: %s", mode, recovery.Round(100*time.Millisecond), rs.Restarts(), final)
+	if bad := destructive(watch.Events(down)); len(bad) > 0 {
+		t.Errorf("destructive hub writes during or after the spoke outage: %v", bad)
+	}
+	if recovery > spokeRecoveryTarget {
+		t.Errorf("first launch %s after the spoke's return, want within %s", recovery.Round(100*time.Millisecond), spokeRecoveryTarget)
+	}
+	// The Machines of before are the same objects.
+	after, err := machinesByName(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, uid := range before {
+		if after[n] != uid {
+			t.Errorf("Machine %s of before the outage was replaced or deleted", n)
+		}
+	}
+	scale(t, d, 0)
+	waitCounts(t, 5*time.Minute, name, "", func(c ha.Counts) bool { return c.Settled(0) })
+}
+
+// destructive returns the deletions and replica decreases among events.
+func destructive(events []ha.HubEvent) []ha.HubEvent {
+	var out []ha.HubEvent
+	for _, e := range events {
+		switch e.Kind {
+		case "MachineDeleting", "MachineDeleted", "ReplicasLowered", "MachineDeploymentDeleted":
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func machinesByName(ctx context.Context, pool string) (map[string]types.UID, error) {
+	list := &clusterv1.MachineList{}
+	if err := w.Hub.Client.List(ctx, list, client.InNamespace(w.Namespace), client.MatchingLabels{"pool": pool}); err != nil {
+		return nil, err
+	}
+	out := map[string]types.UID{}
+	for _, m := range list.Items {
+		out[m.Name] = m.UID
+	}
+	return out, nil
+}
+
+func waitFor(ctx context.Context, timeout time.Duration, want func(ha.Counts) bool, pool string) error {
+	return waitUntil(ctx, timeout, func(ctx context.Context) (bool, error) {
+		c, err := ha.Count(ctx, w, pool, "")
+		return err == nil && want(c), err
+	})
+}
