@@ -88,7 +88,7 @@ func testSpokeOutage(t *testing.T, mode ha.Mode) {
 	scale(t, d, 10)
 
 	final := waitCounts(t, 4*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 10 && c.Settled(10) })
-	launch, ok := watch.First(returned, name, launchKinds[mode])
+	launch, ok := watch.First(returned, name, launchKinds[mode]...)
 	if !ok {
 		t.Fatalf("no launch after the return")
 	}

@@ -11,7 +11,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
-	_ "github.com/autonode/karpenter-clusterapi/pkg/apis" // Cluster API types in client-go's scheme
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
@@ -28,7 +28,10 @@ type HubWatch struct {
 // HubEvent is one observed change.
 type HubEvent struct {
 	At   time.Time
-	Kind string // MachineCreated, MachineDeleted, MachineDeleting, ReplicasRaised, ReplicasLowered, MachineDeploymentDeleted
+	// MachineCreated, MachineBound (the NodeClaim annotation appeared),
+	// MachineDeleting, MachineDeleted, ReplicasRaised, ReplicasLowered,
+	// MachineDeploymentDeleted.
+	Kind string
 	Name string
 	// Pool is the object's pool label.
 	Pool string
@@ -65,8 +68,14 @@ func WatchHub(ctx context.Context, w *world.World) (*HubWatch, error) {
 		UpdateFunc: func(old, cur any) {
 			o, ok1 := old.(*clusterv1.Machine)
 			m, ok2 := cur.(*clusterv1.Machine)
-			if ok1 && ok2 && o.DeletionTimestamp.IsZero() && !m.DeletionTimestamp.IsZero() {
+			if !ok1 || !ok2 {
+				return
+			}
+			if o.DeletionTimestamp.IsZero() && !m.DeletionTimestamp.IsZero() {
 				hw.add("MachineDeleting", m.Name, m.Labels[poolLabel], 0, 0)
+			}
+			if o.Annotations[v1alpha1.NodeClaimAnnotation] == "" && m.Annotations[v1alpha1.NodeClaimAnnotation] != "" {
+				hw.add("MachineBound", m.Name, m.Labels[poolLabel], 0, 0)
 			}
 		},
 		DeleteFunc: func(o any) {
