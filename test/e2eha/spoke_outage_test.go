@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -20,24 +21,23 @@ const spokeOutage = 2 * time.Minute
 const spokeRecoveryTarget = 30 * time.Second
 
 // The workload cluster's API server dies for two minutes while nodes run and
-// pods wait for nodes being launched. The provider cannot see NodeClaims,
-// Nodes or pods meanwhile: it must not take that for their absence. Nothing
-// in the hub is deleted or scaled down, launches resume within
-// spokeRecoveryTarget of the return, and no NodeClaim or Machine is made
-// twice.
+// pods wait for nodes being launched, in both modes at once (a pool each).
+// The provider cannot see NodeClaims, Nodes or pods meanwhile: it must not
+// take that for their absence. Nothing in the hub is deleted or scaled
+// down, launches resume within spokeRecoveryTarget of the return, and no
+// NodeClaim or Machine is made twice.
 func TestSpokeOutage(t *testing.T) {
-	for _, mode := range []ha.Mode{ha.MachineMode, ha.MachineDeploymentMode} {
-		t.Run(string(mode), func(t *testing.T) { testSpokeOutage(t, mode) })
-	}
-}
-
-func testSpokeOutage(t *testing.T, mode ha.Mode) {
 	ctx := context.Background()
-	name := map[ha.Mode]string{ha.MachineMode: "so-m", ha.MachineDeploymentMode: "so-md"}[mode]
+	pools := map[ha.Mode]string{ha.MachineMode: "so-m", ha.MachineDeploymentMode: "so-md"}
 	rs, _ := replicas(t)
-	pool(t, name, ha.PoolOptions{Mode: mode})
-	d := app(t, name, "app-"+name, 6)
-	waitCounts(t, 4*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 6 && c.Settled(6) })
+	apps := map[ha.Mode]*appsv1.Deployment{}
+	for mode, name := range pools {
+		pool(t, name, ha.PoolOptions{Mode: mode})
+		apps[mode] = app(t, name, "app-"+name, 4)
+	}
+	for _, name := range pools {
+		waitCounts(t, 4*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 4 && c.Settled(4) })
+	}
 	watch, err := ha.WatchHub(ctx, w)
 	if err != nil {
 		t.Fatal(err)
@@ -45,15 +45,24 @@ func testSpokeOutage(t *testing.T, mode ha.Mode) {
 	defer watch.Stop()
 
 	// Pods waiting for nodes being launched when the API server dies.
-	scale(t, d, 9)
-	if err := waitFor(ctx, time.Minute, func(c ha.Counts) bool { return c.NodeClaims > 6 }, name); err != nil {
-		t.Fatalf("no launch began for the 3 new pods: %v", err)
+	before := map[string]types.UID{}
+	for mode, name := range pools {
+		scale(t, apps[mode], 6)
+		if err := waitFor(ctx, time.Minute, func(c ha.Counts) bool { return c.NodeClaims > 4 }, name); err != nil {
+			t.Fatalf("no launch began for the 2 new pods of %s: %v", name, err)
+		}
 	}
-	before, err := machinesByName(ctx, name)
-	if err != nil {
-		t.Fatal(err)
+	for _, name := range pools {
+		m, err := machinesByName(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range m {
+			before[k] = v
+		}
+		c, _ := ha.Count(ctx, w, name, "app-"+name)
+		t.Logf("pool %s before the outage: %s", name, c)
 	}
-	c, _ := ha.Count(ctx, w, name, "app-"+name)
 	if err := w.StopSpokeAPIServer(); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +75,6 @@ func testSpokeOutage(t *testing.T, mode ha.Mode) {
 			}
 		}
 	})
-	t.Logf("%s: spoke API server killed with %s", mode, c)
 	tick := time.NewTicker(5 * time.Second)
 	for time.Since(down) < spokeOutage {
 		select {
@@ -83,35 +91,43 @@ func testSpokeOutage(t *testing.T, mode ha.Mode) {
 	}
 	back = true
 	returned := time.Now()
-	t.Logf("%s: spoke API server back after %s; replica restarts so far %v", mode, returned.Sub(down).Round(time.Second), rs.Restarts())
-	// A pod that needs a node after the return.
-	scale(t, d, 10)
-
-	final := waitCounts(t, 4*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 10 && c.Settled(10) })
-	launch, ok := watch.First(returned, name, launchKinds[mode]...)
-	if !ok {
-		t.Fatalf("no launch after the return")
+	t.Logf("spoke API server back after %s; replica restarts so far %v", returned.Sub(down).Round(time.Second), rs.Restarts())
+	// A pod that needs a node after the return, in each pool.
+	for mode := range pools {
+		scale(t, apps[mode], 7)
 	}
-	recovery := launch.At.Sub(returned)
-	t.Logf("HA-FIGURE spoke-outage mode=%s return->first-launch=%s restarts=%v final: %s", mode, recovery.Round(100*time.Millisecond), rs.Restarts(), final)
+	for mode, name := range pools {
+		final := waitCounts(t, 4*time.Minute, name, "app-"+name, func(c ha.Counts) bool { return c.RunningPods == 7 && c.Settled(7) })
+		launch, ok := watch.First(returned, name, launchKinds[mode]...)
+		if !ok {
+			t.Fatalf("%s: no launch after the return", name)
+		}
+		recovery := launch.At.Sub(returned)
+		t.Logf("HA-FIGURE spoke-outage mode=%s return->first-launch-step=%s (%s) restarts=%v final: %s",
+			mode, recovery.Round(100*time.Millisecond), launch, rs.Restarts(), final)
+		if recovery > spokeRecoveryTarget {
+			t.Errorf("%s: first launch %s after the spoke's return, want within %s", name, recovery.Round(100*time.Millisecond), spokeRecoveryTarget)
+		}
+	}
 	if bad := destructive(watch.Events(down)); len(bad) > 0 {
 		t.Errorf("destructive hub writes during or after the spoke outage: %v", bad)
 	}
-	if recovery > spokeRecoveryTarget {
-		t.Errorf("first launch %s after the spoke's return, want within %s", recovery.Round(100*time.Millisecond), spokeRecoveryTarget)
-	}
 	// The Machines of before are the same objects.
-	after, err := machinesByName(ctx, name)
-	if err != nil {
-		t.Fatal(err)
+	after := map[string]types.UID{}
+	for _, name := range pools {
+		m, err := machinesByName(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range m {
+			after[k] = v
+		}
 	}
 	for n, uid := range before {
 		if after[n] != uid {
 			t.Errorf("Machine %s of before the outage was replaced or deleted", n)
 		}
 	}
-	scale(t, d, 0)
-	waitCounts(t, 5*time.Minute, name, "", func(c ha.Counts) bool { return c.Settled(0) })
 }
 
 // destructive returns the deletions and replica decreases among events.

@@ -24,7 +24,7 @@ type fault struct {
 
 var faults = []fault{
 	{"scale-pods", 6, (*soak).scalePods},
-	{"kill-leader", 2, (*soak).killLeader},
+	{"kill-replica", 2, (*soak).killLeader},
 	{"terminate-replica", 1, (*soak).terminateReplica},
 	{"hub-outage", 1, (*soak).hubOutage},
 	{"spoke-outage", 1, (*soak).spokeOutage},
@@ -94,45 +94,58 @@ func (s *soak) scalePods(ctx context.Context) {
 	s.t.Logf("  %s: %d pods", p.name, p.want)
 }
 
-// killLeader kills the leader with SIGKILL and measures how soon another
-// replica leads.
+// The soak kills and stops only replica-0 on purpose; replica-1 exits only
+// when it loses the Lease (a workload-cluster outage while it leads). So a
+// replica-1 process usually lives long enough to tell whether memory stays
+// flat.
+const victim = 0
+
+// killLeader kills replica-0 with SIGKILL (a lost node, an OOM kill) and,
+// when it led, measures how soon the other replica leads.
 func (s *soak) killLeader(ctx context.Context) {
-	l := s.rs.Leader()
-	if l < 0 {
-		s.t.Logf("  no leader to kill")
+	wasLeader := s.rs.Leader() == victim
+	if s.rs.Provider(victim).Exited() {
+		s.t.Logf("  replica-%d is not running", victim)
 		return
 	}
-	killed := s.rs.Provider(l)
+	killed := s.rs.Provider(victim)
 	at := time.Now()
-	s.rs.Kill(l)
+	s.rs.Kill(victim)
+	if !wasLeader {
+		s.t.Logf("  standby replica-%d killed", victim)
+		return
+	}
 	s.blockedUntilEnd = true
 	defer func() { s.blockedUntilEnd, s.unblockedAt = false, time.Now() }()
 	next, _, err := s.rs.WaitLeader(ctx, 2*time.Minute, -1)
 	if err != nil || s.rs.Provider(next) == killed {
-		s.violate("no other replica leads within 2 minutes of killing replica-%d", l)
+		s.violate("no other replica leads within 2 minutes of killing the leader replica-%d", victim)
 		return
 	}
 	s.takeovers = append(s.takeovers, time.Since(at))
-	s.t.Logf("  replica-%d killed; replica-%d leads after %s", l, next, time.Since(at).Round(100*time.Millisecond))
+	s.t.Logf("  leader replica-%d killed; replica-%d leads after %s", victim, next, time.Since(at).Round(100*time.Millisecond))
 }
 
-// terminateReplica stops a random replica gracefully (a rolling update).
+// terminateReplica stops replica-0 gracefully (a rolling update, a drain).
 func (s *soak) terminateReplica(ctx context.Context) {
-	i := s.rng.Intn(s.rs.Len())
-	wasLeader := s.rs.Leader() == i
+	if s.rs.Provider(victim).Exited() {
+		s.t.Logf("  replica-%d is not running", victim)
+		return
+	}
+	wasLeader := s.rs.Leader() == victim
 	at := time.Now()
-	s.rs.Terminate(i)
+	s.rs.Terminate(victim)
 	if !wasLeader {
-		s.t.Logf("  standby replica-%d terminated", i)
+		s.t.Logf("  standby replica-%d terminated", victim)
 		return
 	}
 	next, _, err := s.rs.WaitLeader(ctx, time.Minute, -1)
 	if err != nil {
-		s.violate("no replica leads within a minute of terminating the leader replica-%d", i)
+		s.violate("no replica leads within a minute of terminating the leader replica-%d", victim)
 		return
 	}
 	s.handovers = append(s.handovers, time.Since(at))
-	s.t.Logf("  leader replica-%d terminated; replica-%d leads after %s", i, next, time.Since(at).Round(100*time.Millisecond))
+	s.t.Logf("  leader replica-%d terminated; replica-%d leads after %s", victim, next, time.Since(at).Round(100*time.Millisecond))
 }
 
 func (s *soak) outageLength() time.Duration { return time.Duration(10+s.rng.Intn(80)) * time.Second }
@@ -151,6 +164,7 @@ func (s *soak) hubOutage(ctx context.Context) {
 	}
 	s.hubDown, s.blockedUntilEnd, s.unblockedAt = false, false, time.Now()
 	s.recoveries = append(s.recoveries, s.recovery(ctx, fmt.Sprintf("hub %s", d)))
+	s.t.Logf("  %s", s.recoveries[len(s.recoveries)-1])
 }
 
 func (s *soak) spokeOutage(ctx context.Context) {
@@ -167,6 +181,7 @@ func (s *soak) spokeOutage(ctx context.Context) {
 	}
 	s.spokeDown, s.blockedUntilEnd, s.unblockedAt = false, false, time.Now()
 	s.recoveries = append(s.recoveries, s.recovery(ctx, fmt.Sprintf("spoke %s", d)))
+	s.t.Logf("  %s", s.recoveries[len(s.recoveries)-1])
 }
 
 // recovery reports how soon after an outage every pod runs again (or that
