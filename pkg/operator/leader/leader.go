@@ -37,15 +37,17 @@ import (
 )
 
 // Defaults of the lease timings. A crashed leader is replaced after at most
-// about LeaseDuration + 2 × RetryPeriod × 1.2 (the standby's last sighting
-// of a renewal, the lease running out, the standby's next attempt; client-go
-// jitters retries by up to 1.2 ×). The leader writes the Lease every
-// RetryPeriod; each standby reads it as often. A leader that cannot renew
-// for RenewDeadline (an API server outage longer than that) exits.
+// LeaseDuration + 2 × 2.2 × RetryPeriod: a standby sees the last renewal
+// at its next attempt, waits the lease out, and takes it at its next
+// attempt; client-go waits RetryPeriod plus up to 1.2 × RetryPeriod of
+// jitter between attempts. With these: 10.2 s. The leader writes the Lease
+// every RetryPeriod (2 writes/s); each standby reads it as often. A leader
+// that cannot renew for RenewDeadline (an API server that does not answer
+// for longer) exits.
 const (
 	DefaultLeaseDuration = 8 * time.Second
 	DefaultRenewDeadline = 6 * time.Second
-	DefaultRetryPeriod   = time.Second
+	DefaultRetryPeriod   = 500 * time.Millisecond
 )
 
 // Settings of the election.
