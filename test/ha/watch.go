@@ -27,7 +27,7 @@ type HubWatch struct {
 
 // HubEvent is one observed change.
 type HubEvent struct {
-	At   time.Time
+	At time.Time
 	// MachineCreated, MachineBound (the NodeClaim annotation appeared),
 	// MachineDeleting, MachineDeleted, ReplicasRaised, ReplicasLowered,
 	// MachineDeploymentDeleted.
