@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -95,8 +96,27 @@ type Gate struct {
 	stopping bool
 	idle     chan struct{}
 	idleOnce sync.Once
-	// exit ends the process when the Lease is lost (a test replaces it).
-	exit func(code int)
+	// exit ends the process when the Lease is lost, restart replaces it
+	// after an outage (tests replace both).
+	exit    func(code int)
+	restart func() error
+	log     logr.Logger
+}
+
+// afterOutage restarts a standby whose workload cluster was unreachable for
+// longer than the renew deadline (see outage.go). A leader cannot get here:
+// it exits once it cannot renew for the renew deadline.
+func (g *Gate) afterOutage(down time.Duration) {
+	select {
+	case <-g.elected:
+		return
+	default:
+	}
+	g.log.Info("workload cluster reachable again after an outage: restarting this standby so that its caches list afresh", "outage", down.Round(time.Second).String())
+	if err := g.restart(); err != nil {
+		g.log.Error(err, "restarting after the outage failed; exiting")
+		g.exit(1)
+	}
 }
 
 // Wrap returns mgr with the election of s, adding the elector to mgr. With
@@ -108,12 +128,14 @@ func Wrap(mgr manager.Manager, s Settings) (manager.Manager, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{Manager: mgr, settings: s, elected: make(chan struct{}), idle: make(chan struct{}), exit: os.Exit}
+	g := &Gate{Manager: mgr, settings: s, elected: make(chan struct{}), idle: make(chan struct{}), exit: os.Exit, restart: reexec,
+		log: mgr.GetLogger().WithName("leader-election").WithValues("lease", s.Namespace+"/"+s.Name)}
 	lock, err := newLock(mgr.GetConfig(), mgr, s)
 	if err != nil {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
-	e, err := g.newElector(lock)
+	watch := &outageWatch{Interface: lock, threshold: s.RenewDeadline, now: time.Now, back: g.afterOutage}
+	e, err := g.newElector(watch)
 	if err != nil {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
