@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	ctrl "sigs.k8s.io/controller-runtime"
 	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/operator"
@@ -30,6 +31,18 @@ func main() {
 		}
 	}
 	ctx, core := coreoperator.NewOperator()
+	// Core's operator never stops on its own: its context is Background and
+	// it installs no signal handler, so SIGTERM (a rolling update, a drain)
+	// killed the process on the spot, and the leader's Lease stayed taken
+	// until it ran out. Stop gracefully instead: the controllers stop, then
+	// the Lease is released and a standby leads at once. A second signal
+	// exits at once.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		<-ctrl.SetupSignalHandler().Done()
+		stop()
+	}()
 	op, err := operator.NewOperator(ctx, core)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)

@@ -80,6 +80,15 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 		failed[fe.machine] = true
 		recorded = nil
 	}
+	// A Machine an earlier process made (before a restart, or the leader
+	// before a failover) is adopted without resolving the NodeClass, and the
+	// catalogue of a fresh process knows no offering yet: Describe would then
+	// return only the labels the Machine records, without kubernetes.io/os
+	// and the instance labels, and Karpenter would find the NodeClaim's
+	// requirements drifted and replace the node. Resolving is memoized.
+	if _, err := m.p.catalogue.Resolve(ctx, nc); err != nil {
+		return nil, fmt.Errorf("resolving ClusterAPINodeClass %s for NodeClaim %s: %w", nc.Name, nodeClaim.Name, err)
+	}
 	out := &launch.Launched{Machine: machine, Annotations: map[string]string{v1alpha1.OfferingAnnotation: machine.Annotations[v1alpha1.OfferingAnnotation]}}
 	out.Source, _ = m.Describe(machine)
 	if o, err := ParseOffering(machine.Annotations[v1alpha1.OfferingAnnotation]); err == nil {

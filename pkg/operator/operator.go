@@ -31,6 +31,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/machine"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+	"github.com/autonode/karpenter-clusterapi/pkg/operator/leader"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
 )
 
@@ -71,6 +72,13 @@ func NewOperator(ctx context.Context, core *coreoperator.Operator) (*Operator, e
 	if opts == nil {
 		return nil, fmt.Errorf("provider options are missing from the context")
 	}
+	// Before anything is added to the manager: leader-only runnables are
+	// gated as they are added.
+	mgr, err := leader.Wrap(core.Manager, opts.LeaderElection)
+	if err != nil {
+		return nil, err
+	}
+	core.Manager = mgr
 	hubCfg, flagName, err := hubConfig(opts, core.GetConfig())
 	if err != nil {
 		return nil, err

@@ -129,6 +129,8 @@ func (c *Cluster) KillAPIServer() error {
 			return fmt.Errorf("killing %s API server: %w", c.Name, err)
 		}
 		<-c.restartedDone
+		// Same command line for the next RestartAPIServer (killed twice or more).
+		c.apiServerArgs = append([]string{c.restarted.Path}, c.restarted.Args[1:]...)
 		c.restarted = nil
 		return nil
 	}

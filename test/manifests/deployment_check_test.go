@@ -65,6 +65,7 @@ func checkDeployment(t *testing.T, objs []*unstructured.Unstructured, want deplo
 	if env["DISABLE_LEADER_ELECTION"] == "true" {
 		t.Errorf("Deployment %s disables leader election", d.Name)
 	}
+	checkHighAvailability(t, objs, d, env, want.topology)
 
 	// Probes and ports as core serves them.
 	ports := map[string]int32{}

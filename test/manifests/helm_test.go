@@ -39,10 +39,12 @@ var helmCases = []helmCase{{
 	name:      "workload cluster, installs CRDs, feature gates, own ports",
 	namespace: "karpenter",
 	set: []string{"installWorkloadCRDs=true", "featureGates.NodeOverlay=true", "featureGates.SpotToSpotConsolidation=false",
-		"metrics.port=9090", "healthProbe.port=9091", "replicas=3", "logLevel=debug"},
+		"metrics.port=9090", "healthProbe.port=9091", "replicas=3", "logLevel=debug",
+		"leaderElection.leaseDuration=15s", "leaderElection.renewDeadline=10s", "leaderElection.retryPeriod=2s"},
 	check: func(t *testing.T, objs []*unstructured.Unstructured) {
 		checkDeployment(t, objs, deploymentExpectations{topology: inWorkloadCluster, metricsPort: 9090, healthPort: 9091})
-		checkEnv(t, objs, map[string]string{"INSTALL_WORKLOAD_CRDS": "true", "FEATURE_GATES": "NodeOverlay=true,SpotToSpotConsolidation=false", "LOG_LEVEL": "debug"})
+		checkEnv(t, objs, map[string]string{"INSTALL_WORKLOAD_CRDS": "true", "FEATURE_GATES": "NodeOverlay=true,SpotToSpotConsolidation=false", "LOG_LEVEL": "debug",
+			"LEADER_ELECTION_LEASE_DURATION": "15s", "LEADER_ELECTION_RENEW_DEADLINE": "10s", "LEADER_ELECTION_RETRY_PERIOD": "2s"})
 	},
 }, {
 	name:      "management cluster",

@@ -29,7 +29,8 @@ type process struct {
 }
 
 func startProcess(name, bin string, args []string, logPath string) (*process, error) {
-	logFile, err := os.Create(logPath)
+	// Appended: a component restarted after an outage keeps its earlier log.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
 	}

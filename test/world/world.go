@@ -358,6 +358,7 @@ func newSpokeManager(cfg *rest.Config, aws *SimAWS, cluster types.NamespacedName
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{NewInformer: reconnectingInformer}, // see StopSpokeAPIServer
 	})
 	if err != nil {
 		return nil, err
@@ -566,6 +567,36 @@ func (w *World) StopHubAPIServer() error {
 // returns once it is ready. Clients reconnect on their own.
 func (w *World) StartHubAPIServer(ctx context.Context) error {
 	return w.Hub.RestartAPIServer(ctx)
+}
+
+// StopSpokeAPIServer kills the first Cluster's workload cluster
+// kube-apiserver (SIGKILL), leaving etcd, the kube-scheduler, the
+// kube-controller-manager and the simulated kubelet running: every client
+// of the spoke sees refused connections until StartSpokeAPIServer.
+func (w *World) StopSpokeAPIServer() error {
+	return w.Spoke.KillAPIServer()
+}
+
+// StartSpokeAPIServer starts the workload cluster's kube-apiserver again on
+// the same address, certificates, users and etcd, then restarts its
+// kube-scheduler and kube-controller-manager, as the reboot of a control
+// plane node would, and returns once all three work. Other clients
+// reconnect on their own.
+//
+// Why restart the two: they are client-go programs, and client-go's
+// reflectors back off up to 30 s (60 s with jitter) while an API server is
+// down; the scheduler would then mark pending pods unschedulable, which is
+// what Karpenter waits for, only up to a minute after the return. An outage
+// test measures the provider, not the scheduler's back-off.
+func (w *World) StartSpokeAPIServer(ctx context.Context) error {
+	if err := w.Spoke.RestartAPIServer(ctx); err != nil {
+		return err
+	}
+	first := w.workloadClusters()[0]
+	if err := first.stopSpokeComponents(); err != nil {
+		return err
+	}
+	return w.startSpokeComponents(ctx, first)
 }
 
 // Stop stops everything Start started, in reverse order, and waits for it:

@@ -17,6 +17,8 @@ import (
 	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
 	"sigs.k8s.io/karpenter/pkg/utils/env"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/operator/leader"
 )
 
 func init() {
@@ -31,6 +33,9 @@ const (
 	FlagClusterAPICluster    = "cluster-api-cluster-name"
 	FlagInstallWorkloadCRDs  = "install-workload-crds"
 	FlagUnavailableTTL       = "unavailable-offerings-ttl"
+	FlagLeaseDuration        = "leader-election-lease-duration"
+	FlagRenewDeadline        = "leader-election-renew-deadline"
+	FlagRetryPeriod          = "leader-election-retry-period"
 )
 
 // DefaultUnavailableTTL is how long an offering that failed for lack of
@@ -52,6 +57,11 @@ type Options struct {
 	// UnavailableTTL is how long an offering that reported insufficient
 	// capacity stays unavailable (Machine mode).
 	UnavailableTTL time.Duration
+	// LeaderElection is the election of the provider's replicas (package
+	// leader). Whether it runs, and the Lease's name and namespace, are
+	// core's settings (DISABLE_LEADER_ELECTION, LEADER_ELECTION_NAME,
+	// LEADER_ELECTION_NAMESPACE); the timings are ours.
+	LeaderElection leader.Settings
 }
 
 // AddFlags registers the flags in core's flag set.
@@ -68,6 +78,12 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"Install or update the Karpenter and ClusterAPINodeClass CRDs in the workload cluster at start.")
 	fs.DurationVar(&o.UnavailableTTL, FlagUnavailableTTL, env.WithDefaultDuration("UNAVAILABLE_OFFERINGS_TTL", DefaultUnavailableTTL),
 		"How long an offering (instance type, zone, capacity type) that reported insufficient capacity is left out of launches (Machine mode).")
+	fs.DurationVar(&o.LeaderElection.LeaseDuration, FlagLeaseDuration, env.WithDefaultDuration("LEADER_ELECTION_LEASE_DURATION", leader.DefaultLeaseDuration),
+		"How long standby replicas wait after the leader's last renewal before taking over. Shorter: faster takeover after a crash; must exceed the renew deadline.")
+	fs.DurationVar(&o.LeaderElection.RenewDeadline, FlagRenewDeadline, env.WithDefaultDuration("LEADER_ELECTION_RENEW_DEADLINE", leader.DefaultRenewDeadline),
+		"How long the leader keeps trying to renew its lease before it gives up and exits (an API server outage longer than this restarts the leader).")
+	fs.DurationVar(&o.LeaderElection.RetryPeriod, FlagRetryPeriod, env.WithDefaultDuration("LEADER_ELECTION_RETRY_PERIOD", leader.DefaultRetryPeriod),
+		"How often the leader renews its lease and standbys try to take it: one lease write per period by the leader, one read per standby.")
 }
 
 // Parse parses the arguments and validates the result.
@@ -78,6 +94,7 @@ func (o *Options) Parse(fs *coreoptions.FlagSet, args ...string) error {
 		}
 		return fmt.Errorf("parsing flags, %w", err)
 	}
+	o.takeOverLeaderElection()
 	if err := o.Validate(); err != nil {
 		return err
 	}
@@ -97,6 +114,9 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--%s (CLUSTER_API_CLUSTER_NAME) requires --%s (CLUSTER_API_NAMESPACE): a Cluster is named within its namespace",
 			FlagClusterAPICluster, FlagClusterAPINamespace)
 	}
+	if err := o.LeaderElection.Validate(); err != nil {
+		return err
+	}
 	if o.UnavailableTTL <= 0 {
 		return fmt.Errorf("--%s (UNAVAILABLE_OFFERINGS_TTL): %s is not a positive duration", FlagUnavailableTTL, o.UnavailableTTL)
 	}
@@ -104,6 +124,25 @@ func (o *Options) Validate() error {
 		return err
 	}
 	return checkKubeconfig(FlagClusterAPIKubeconfig+" (CLUSTER_API_KUBECONFIG)", o.ClusterAPIKubeconfig)
+}
+
+// takeOverLeaderElection moves the leader election from core's manager to
+// package leader, whose lease timings can be set (core's cannot): it reads
+// core's settings as the user gave them and turns core's own election off.
+// Core parses its options before this provider's (it registers first), and
+// again, flags and environment both, at every parse, so the user's choice
+// is read anew each time.
+func (o *Options) takeOverLeaderElection() {
+	for _, inj := range coreoptions.Injectables {
+		core, ok := inj.(*coreoptions.Options)
+		if !ok {
+			continue
+		}
+		o.LeaderElection.Enabled = !core.DisableLeaderElection
+		o.LeaderElection.Name = core.LeaderElectionName
+		o.LeaderElection.Namespace = core.LeaderElectionNamespace
+		core.DisableLeaderElection = true
+	}
 }
 
 func checkKubeconfig(flagName, path string) error {
