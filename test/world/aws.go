@@ -51,6 +51,9 @@ type Instance struct {
 	Namespace, AWSMachine, Machine, ClusterName string
 	// UserData is the bootstrap data Secret's "value" at launch.
 	UserData []byte
+	// Version is the Kubernetes version the instance's kubelet runs: the
+	// Machine's spec.version (CAPA picks the AMI by it), else KubeletVersion.
+	Version string
 }
 
 type offering struct{ instanceType, zone, capacityType string }
@@ -93,6 +96,9 @@ type SimAWS struct {
 	recorder     record.EventRecorder
 	client       client.Client
 	reconcileAll chan event.GenericEvent
+	// endpoints are the control plane endpoints of Clusters whose AWSCluster
+	// has none yet (see SetControlPlaneEndpoint).
+	endpoints map[types.NamespacedName]clusterv1beta1.APIEndpoint
 }
 
 func newSimAWS(zones []string, delay time.Duration) *SimAWS {
@@ -105,7 +111,31 @@ func newSimAWS(zones []string, delay time.Duration) *SimAWS {
 		byAWSMachine: map[types.UID]string{},
 		byHostname:   map[string]string{},
 		reconcileAll: make(chan event.GenericEvent, 1024),
+		endpoints:    map[types.NamespacedName]clusterv1beta1.APIEndpoint{},
 	}
+}
+
+// SetControlPlaneEndpoint is the address of a Cluster's API server load
+// balancer: an AWSCluster of that Cluster without spec.controlPlaneEndpoint
+// gets it, as CAPA sets the endpoint from the load balancer it creates.
+func (a *SimAWS) SetControlPlaneEndpoint(cluster types.NamespacedName, host string, port int32) {
+	a.mu.Lock()
+	a.endpoints[cluster] = clusterv1beta1.APIEndpoint{Host: host, Port: port}
+	a.mu.Unlock()
+	a.requeueAll()
+}
+
+func (a *SimAWS) endpointOf(c *infrav1.AWSCluster) (clusterv1beta1.APIEndpoint, bool) {
+	name := c.Labels[clusterv1.ClusterNameLabel]
+	for _, ref := range c.OwnerReferences {
+		if ref.Kind == "Cluster" && strings.HasPrefix(ref.APIVersion, clusterv1.GroupVersion.Group+"/") {
+			name = ref.Name
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.endpoints[types.NamespacedName{Namespace: c.Namespace, Name: name}]
+	return e, ok
 }
 
 func regionOf(zone string) string {
@@ -322,6 +352,17 @@ func (a *SimAWS) reconcileAWSCluster(ctx context.Context, req reconcile.Request)
 	}
 	if !c.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
+	}
+	if !c.Spec.ControlPlaneEndpoint.IsValid() {
+		e, ok := a.endpointOf(c)
+		if !ok {
+			return reconcile.Result{RequeueAfter: time.Second}, nil // CAPA: no load balancer yet
+		}
+		patch := client.MergeFrom(c.DeepCopy())
+		c.Spec.ControlPlaneEndpoint = e
+		if err := a.client.Patch(ctx, c, patch); err != nil {
+			return reconcile.Result{}, err
+		}
 	}
 	original := c.DeepCopy()
 	c.Status.Ready = true
@@ -591,6 +632,10 @@ func (a *SimAWS) launch(ctx context.Context, am *infrav1.AWSMachine, machine *cl
 		Machine:      machine.Name,
 		ClusterName:  machine.Spec.ClusterName,
 		UserData:     append([]byte(nil), userData...),
+		Version:      machine.Spec.Version,
+	}
+	if in.Version == "" {
+		in.Version = KubeletVersion
 	}
 	in.ProviderID = fmt.Sprintf("aws:///%s/%s", zone, in.ID)
 	a.byID[in.ID] = in
