@@ -24,16 +24,20 @@ func (w *World) startPublished(ctx context.Context) error {
 	}
 	// The API server reaches the conversion webhook: a v1beta1 Cluster, as
 	// clusterctl templates write it, is accepted (dry run).
+	var last error
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{}}}
+		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{
+			"infrastructureRef": map[string]any{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSCluster", "name": "probe"},
+		}}}
 		u.SetAPIVersion("cluster.x-k8s.io/v1beta1")
 		u.SetKind("Cluster")
 		u.SetNamespace(w.Namespace)
 		u.SetName("conversion-probe")
-		return w.Hub.Client.Create(ctx, u, client.DryRunAll) == nil, nil
+		last = w.Hub.Client.Create(ctx, u, client.DryRunAll)
+		return last == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for Cluster API's conversion webhooks: %w", err)
+		return fmt.Errorf("waiting for Cluster API's conversion webhooks: %w (last: %v)", err, last)
 	}
 	w.kcp = newSimKCP()
 	mgr, err := newKCPManager(w.Hub.Config, w.kcp, w.log.WithName("kubeadm-control-plane"))
