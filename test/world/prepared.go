@@ -16,12 +16,10 @@ import (
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 )
 
-// startPublished serves the published kinds (published.go) once the hub's
-// webhook server answers, and starts the simulated kubeadm control plane.
+// startPublished waits until the hub's API server converts the published
+// kinds through the world's webhook server (their CRDs are installed before
+// the controllers start), and starts the simulated kubeadm control plane.
 func (w *World) startPublished(ctx context.Context) error {
-	if err := w.installPublishedCRDs(); err != nil {
-		return err
-	}
 	// The API server reaches the conversion webhook: a v1beta1 Cluster, as
 	// clusterctl templates write it, is accepted (dry run).
 	var last error

@@ -21,6 +21,7 @@ import (
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1beta1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta1"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	bootstrapadmission "sigs.k8s.io/cluster-api/bootstrap/kubeadm/webhooks/admission"
 	kcpadmission "sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
 	kcpconversion "sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/conversion"
@@ -91,6 +92,7 @@ func addPublishedTypes(s *runtime.Scheme) error {
 		addonsv1beta1.AddToScheme, addonsv1.AddToScheme,
 		bootstrapv1beta1.AddToScheme, bootstrapv1.AddToScheme,
 		controlplanev1beta1.AddToScheme, controlplanev1.AddToScheme,
+		runtimev1.AddToScheme, // ExtensionConfig, which the ClusterClass controller watches
 	} {
 		if err := add(s); err != nil {
 			return err
@@ -201,19 +203,19 @@ func (w *World) installPublishedCRDs() error {
 	if err != nil {
 		return err
 	}
-	var kept []apiextensionsv1.CustomResourceDefinitionVersion
-	for _, v := range act.Spec.Versions {
-		if v.Name == "v1beta2" {
-			v.Served, v.Storage = true, true
-			kept = append(kept, v)
-		}
-	}
-	act.Spec.Versions, act.Spec.Conversion = kept, nil
+	act = onlyV1Beta2(act)
 	if act.Labels == nil {
 		act.Labels = map[string]string{}
 	}
 	act.Labels["cluster.x-k8s.io/v1beta1"] = "v1beta1_v1beta2"
 	crds = append(crds, act)
+	// The ClusterClass controller watches ExtensionConfigs (Runtime SDK, off):
+	// the kind must exist, at v1beta2 (nobody writes one).
+	ext, err := readCRDFile(core("runtime.cluster.x-k8s.io_extensionconfigs.yaml"))
+	if err != nil {
+		return err
+	}
+	crds = append(crds, onlyV1Beta2(ext))
 
 	// envtest updates the CRDs that exist and waits until all are served.
 	_, err = envtest.InstallCRDs(rest.CopyConfig(w.Hub.Config), envtest.CRDInstallOptions{CRDs: crds})
@@ -264,4 +266,16 @@ func latestContractAPIVersion(ctx context.Context, c client.Reader, gk schema.Gr
 		return schema.GroupVersion{Group: gk.Group, Version: latest}.String(), nil
 	}
 	return "", fmt.Errorf("the CRD of %s has no contract label", gk)
+}
+
+func onlyV1Beta2(crd *apiextensionsv1.CustomResourceDefinition) *apiextensionsv1.CustomResourceDefinition {
+	var kept []apiextensionsv1.CustomResourceDefinitionVersion
+	for _, v := range crd.Spec.Versions {
+		if v.Name == "v1beta2" {
+			v.Served, v.Storage = true, true
+			kept = append(kept, v)
+		}
+	}
+	crd.Spec.Versions, crd.Spec.Conversion = kept, nil
+	return crd
 }

@@ -262,6 +262,13 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	if w.hub, err = newHubManager(mctx, w.Hub.Config, log.WithName("capi"), o.Published); err != nil {
 		return w, err
 	}
+	if o.Published {
+		// Before the controllers start: a controller watching a kind its
+		// manager's REST mapper did not know at start may never see it.
+		if err := w.installPublishedCRDs(); err != nil {
+			return w, err
+		}
+	}
 	awsMgr, err := newAWSManager(w.Hub.Config, w.AWS, log.WithName("aws"))
 	if err != nil {
 		return w, err
