@@ -168,17 +168,31 @@ func updateCluster(t *testing.T, cluster string, mutate func(*clusterv1.Cluster)
 			return false, err
 		}
 		mutate(c)
-		return w.Hub.Client.Update(ctx, c) == nil, nil
+		err := w.Hub.Client.Update(ctx, c)
+		return err == nil, err
 	})
 	if err != nil {
 		t.Fatalf("updating Cluster %s: %v", cluster, err)
 	}
 }
 
+// setWorkerReplicas sets (or unsets) the workers' replicas in the
+// topology. Cluster API's Cluster webhook refuses replicas together with the
+// autoscaler min/max annotations on a worker, so pinning is what a user does
+// who kept the published template's replicas and added no annotations: the
+// annotations go while replicas are set and come back when they are unset.
 func setWorkerReplicas(t *testing.T, cluster string, replicas *int32) {
 	updateCluster(t, cluster, func(c *clusterv1.Cluster) {
 		for i := range c.Spec.Topology.Workers.MachineDeployments {
-			c.Spec.Topology.Workers.MachineDeployments[i].Replicas = replicas
+			md := &c.Spec.Topology.Workers.MachineDeployments[i]
+			md.Replicas = replicas
+			if replicas != nil {
+				delete(md.Metadata.Annotations, clusterv1.AutoscalerMinSizeAnnotation)
+				delete(md.Metadata.Annotations, clusterv1.AutoscalerMaxSizeAnnotation)
+			} else {
+				md.Metadata.Annotations[clusterv1.AutoscalerMinSizeAnnotation] = "0"
+				md.Metadata.Annotations[clusterv1.AutoscalerMaxSizeAnnotation] = "20"
+			}
 		}
 	})
 }

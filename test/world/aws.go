@@ -58,6 +58,11 @@ type Instance struct {
 
 type offering struct{ instanceType, zone, capacityType string }
 
+// NoCapacityStatusAnnotation on an AWSMachineTemplate makes SimAWS leave its
+// status empty, as CAPA releases before status.capacity, or other
+// infrastructure providers, do: its capacity then comes from annotations.
+const NoCapacityStatusAnnotation = "world.test/no-capacity-status"
+
 // SimAWS simulates EC2 for CAPA's AWSCluster, AWSMachine and
 // AWSMachineTemplate objects of the hub. Its methods are goroutine-safe.
 //
@@ -99,20 +104,54 @@ type SimAWS struct {
 	// endpoints are the control plane endpoints of Clusters whose AWSCluster
 	// has none yet (see SetControlPlaneEndpoint).
 	endpoints map[types.NamespacedName]clusterv1beta1.APIEndpoint
+	// failureDomains override the zones a Cluster's AWSCluster reports
+	// (see SetFailureDomains).
+	failureDomains map[types.NamespacedName][]string
 }
 
 func newSimAWS(zones []string, delay time.Duration) *SimAWS {
 	return &SimAWS{
-		zones:        zones,
-		region:       regionOf(zones[0]),
-		delay:        delay,
-		exhausted:    map[offering]bool{},
-		byID:         map[string]*Instance{},
-		byAWSMachine: map[types.UID]string{},
-		byHostname:   map[string]string{},
-		reconcileAll: make(chan event.GenericEvent, 1024),
-		endpoints:    map[types.NamespacedName]clusterv1beta1.APIEndpoint{},
+		zones:          zones,
+		region:         regionOf(zones[0]),
+		delay:          delay,
+		exhausted:      map[offering]bool{},
+		byID:           map[string]*Instance{},
+		byAWSMachine:   map[types.UID]string{},
+		byHostname:     map[string]string{},
+		reconcileAll:   make(chan event.GenericEvent, 1024),
+		endpoints:      map[types.NamespacedName]clusterv1beta1.APIEndpoint{},
+		failureDomains: map[types.NamespacedName][]string{},
 	}
+}
+
+// SetFailureDomains makes the AWSCluster of a Cluster report these zones as
+// failure domains instead of all of Zones; an empty list reports none, like
+// an infrastructure provider whose cluster spans no zones or has not
+// reported them yet. Instances of that Cluster without a failure domain
+// still run in the first zone. Call it before the Cluster is created.
+func (a *SimAWS) SetFailureDomains(cluster types.NamespacedName, zones []string) {
+	a.mu.Lock()
+	a.failureDomains[cluster] = append([]string{}, zones...)
+	a.mu.Unlock()
+}
+
+// zonesOf are the failure domains an AWSCluster reports.
+func (a *SimAWS) zonesOf(c *infrav1.AWSCluster) []string {
+	name := c.Labels[clusterv1.ClusterNameLabel]
+	for _, ref := range c.OwnerReferences {
+		if ref.Kind == "Cluster" && strings.HasPrefix(ref.APIVersion, clusterv1.GroupVersion.Group+"/") {
+			name = ref.Name
+		}
+	}
+	if name == "" {
+		name = c.Name // the world names a Cluster's AWSCluster after it
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if zones, ok := a.failureDomains[types.NamespacedName{Namespace: c.Namespace, Name: name}]; ok {
+		return zones
+	}
+	return a.zones
 }
 
 // SetControlPlaneEndpoint is the address of a Cluster's API server load
@@ -367,7 +406,7 @@ func (a *SimAWS) reconcileAWSCluster(ctx context.Context, req reconcile.Request)
 	original := c.DeepCopy()
 	c.Status.Ready = true
 	c.Status.FailureDomains = clusterv1beta1.FailureDomains{}
-	for _, z := range a.zones {
+	for _, z := range a.zonesOf(c) {
 		c.Status.FailureDomains[z] = clusterv1beta1.FailureDomainSpec{ControlPlane: true}
 	}
 	setV1Beta1Condition(&c.Status.Conditions, clusterv1beta1.Condition{Type: clusterv1beta1.ReadyCondition, Status: corev1.ConditionTrue})
@@ -381,6 +420,9 @@ func (a *SimAWS) reconcileTemplate(ctx context.Context, req reconcile.Request) (
 	t := &infrav1.AWSMachineTemplate{}
 	if err := a.client.Get(ctx, req.NamespacedName, t); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if t.Annotations[NoCapacityStatusAnnotation] != "" {
+		return reconcile.Result{}, nil // as a CAPA that does not fill status.capacity
 	}
 	if len(t.Status.Capacity) > 0 && t.Status.NodeInfo != nil && t.Status.NodeInfo.Architecture != "" && t.Status.NodeInfo.OperatingSystem != "" {
 		return reconcile.Result{}, nil
