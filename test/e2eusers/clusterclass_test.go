@@ -52,8 +52,7 @@ func TestClusterClass(t *testing.T) {
 	}
 
 	t.Run("MachineDeployment mode: the topology leaves Karpenter's replicas alone", func(t *testing.T) {
-		mdMachines := client.MatchingLabels{clusterv1.ClusterTopologyMachineDeploymentNameLabel: "md-0"}
-		ta := newTally(wc, "md-0", "app-md-0", mdMachines)
+		ta := mdTally(wc, "app-md-0")
 		d := deployment(t, wc, "md-0", "app-md-0", 3, "1500m")
 		got := ta.wait(t, 4*time.Minute, func(c counts) bool { return c.RunningPods == 3 && c.Nodes == 3 })
 		if got.NodeClaims != 3 || got.Machines != 3 || got.EverNodeClaims != 3 {
@@ -85,8 +84,7 @@ func TestClusterClass(t *testing.T) {
 	})
 
 	t.Run("Machine mode: the template the topology clones, and its rotation", func(t *testing.T) {
-		standalone := client.MatchingLabels{v1alpha1.KarpenterMemberLabel: ""}
-		ta := newTally(wc, "machines", "app-machines", standalone)
+		ta := machineTally(wc, "app-machines")
 		deployment(t, wc, "machines", "app-machines", 2, "1500m")
 		got := ta.wait(t, 4*time.Minute, func(c counts) bool { return c.RunningPods == 2 && c.Nodes == 2 })
 		before := machineModeTemplates(t, name)
@@ -105,18 +103,19 @@ func TestClusterClass(t *testing.T) {
 
 	t.Run("a Kubernetes upgrade of the topology rolls both modes within their budgets", func(t *testing.T) {
 		const to = "v1.36.4"
-		mdTally := newTally(wc, "md-0", "app-md-up", client.MatchingLabels{clusterv1.ClusterTopologyMachineDeploymentNameLabel: "md-0"})
+		mdT := mdTally(wc, "app-md-up")
 		deployment(t, wc, "md-0", "app-md-up", 2, "1500m")
-		mdTally.wait(t, 4*time.Minute, func(c counts) bool { return c.RunningPods == 2 && c.Nodes == 2 })
-		mTally := newTally(wc, "machines", "app-machines", client.MatchingLabels{v1alpha1.KarpenterMemberLabel: ""})
-		mTally.wait(t, 4*time.Minute, func(c counts) bool { return c.RunningPods == 2 && c.Nodes == 2 })
+		mT := machineTally(wc, "app-machines-up")
+		deployment(t, wc, "machines", "app-machines-up", 2, "1500m")
+		mdT.wait(t, 4*time.Minute, func(c counts) bool { return c.RunningPods == 2 && c.Nodes == 2 && c.Machines == 2 })
+		mT.wait(t, 4*time.Minute, func(c counts) bool { return c.RunningPods == 2 && c.Nodes == 2 && c.Machines == 2 })
 
 		setVersion(t, name, to)
 		maxDisrupted := map[string]int{}
 		var skew error
 		err := e2e.WaitFor(ctx, 6*time.Minute, func(ctx context.Context) (bool, error) {
 			done := true
-			for _, ta := range []*tally{mdTally, mTally} {
+			for _, ta := range []*tally{mdT, mT} {
 				c, err := ta.count(ctx)
 				if err != nil {
 					return false, err
@@ -129,7 +128,7 @@ func TestClusterClass(t *testing.T) {
 				if err := noNodeAheadOfControlPlane(ctx, wc, name); err != nil && skew == nil {
 					skew = err
 				}
-				done = done && c.RunningPods == 2 && c.Nodes == 2 && c.NodeClaims == 2 && c.Versions[to] == 2
+				done = done && c.RunningPods == 2 && c.Nodes == 2 && c.NodeClaims == 2 && c.Machines == 2 && c.Versions[to] == 2
 			}
 			return done, nil
 		})
@@ -145,6 +144,20 @@ func TestClusterClass(t *testing.T) {
 			}
 		}
 	})
+}
+
+// mdTally counts the md-0 pool: Machines of worker md-0's MachineSets.
+func mdTally(wc *world.WorkloadCluster, app string) *tally {
+	ta := newTally(wc, "md-0", app, client.MatchingLabels{clusterv1.ClusterTopologyMachineDeploymentNameLabel: "md-0"})
+	ta.owned = true
+	return ta
+}
+
+// machineTally counts the machines pool: the Cluster's standalone Machines.
+func machineTally(wc *world.WorkloadCluster, app string) *tally {
+	ta := newTally(wc, "machines", app, nil)
+	ta.standalone = true
+	return ta
 }
 
 // topologyMachineDeployment is the MachineDeployment of a topology worker.

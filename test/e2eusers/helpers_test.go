@@ -154,8 +154,11 @@ type tally struct {
 	pool string
 	app  string
 	// machines selects the Cluster's Machines that count (nil: all worker
-	// Machines of the Cluster).
-	machines client.MatchingLabels
+	// Machines of the Cluster); standalone counts only Machines no
+	// MachineSet owns (Machine mode), owned only those one owns.
+	machines   client.MatchingLabels
+	standalone bool
+	owned      bool
 	seen     map[string]bool
 }
 
@@ -201,9 +204,14 @@ func (ta *tally) count(ctx context.Context) (counts, error) {
 		return c, err
 	}
 	for _, m := range machines.Items {
-		if _, cp := m.Labels[clusterv1.MachineControlPlaneLabel]; !cp {
-			c.Machines++
+		ownedBySet := false
+		for _, ref := range m.OwnerReferences {
+			ownedBySet = ownedBySet || ref.Kind == "MachineSet"
 		}
+		if _, cp := m.Labels[clusterv1.MachineControlPlaneLabel]; cp || (ta.standalone && ownedBySet) || (ta.owned && !ownedBySet) {
+			continue
+		}
+		c.Machines++
 	}
 	return c, nil
 }
