@@ -66,6 +66,24 @@ func TestClusterctlTemplateMachineDeploymentMode(t *testing.T) {
 	scaleUpAndDown(t, wc, "workers", 4, nil)
 }
 
+// CAPA's -flatcar flavour (Ignition bootstrap, an S3 bucket on the
+// AWSCluster): the same worker pool, the same edits, the same result.
+func TestClusterctlFlatcarFlavourMachineDeploymentMode(t *testing.T) {
+	const name = "capa-flatcar"
+	wc, err := w.PrepareCluster(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, mds := clusterFromTemplate(t, name, "flatcar", "capa-templates/clusterctl/karpenter.patch.yaml")
+	if len(mds) != 1 {
+		t.Fatalf("CAPA's -flatcar template has one worker MachineDeployment, got %d", len(mds))
+	}
+	startProvider(t, wc)
+	applyWorkload(t, wc, "capa-templates/clusterctl/workload.yaml", v)
+	waitNodeClassReady(t, wc, "workers")
+	scaleUpAndDown(t, wc, "workers", 2, nil)
+}
+
 // scaleUpAndDown runs n pods that each need a node of the pool, expects
 // exactly n NodeClaims, Nodes and Machines and no failed launch, then
 // removes the pods and expects all of them gone.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +34,9 @@ import (
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
+// workers is how many cases run at once.
+const workers = 24
+
 // zonelessCluster is the Cluster whose infrastructure reports no failure
 // domains: Machine mode's offerings without a zone.
 const zonelessCluster = "nozone"
@@ -47,7 +51,6 @@ type target struct {
 var (
 	w                 *world.World
 	zoned, zoneless   *target
-	parallel          = make(chan struct{}, 12)
 	matrixMachineMeta = "matrix.test/case"
 )
 
@@ -99,22 +102,37 @@ func run(m *testing.M) int {
 // provider's public methods: GetInstanceTypes (twice: the same keys), then
 // Create for a NodeClaim any offering fits.
 func TestConfigurationMatrix(t *testing.T) {
-	ran, skipped := 0, 0
+	var run []Case
+	skipped := 0
 	for _, c := range All() {
 		if why := c.Skip(); why != "" {
 			skipped++
 			t.Logf("not expressible: %s: %s", c.Name(), why)
 			continue
 		}
-		ran++
-		t.Run(c.Name(), func(t *testing.T) {
-			t.Parallel()
-			parallel <- struct{}{}
-			defer func() { <-parallel }()
-			runCase(t, c)
-		})
+		run = append(run, c)
 	}
-	t.Logf("%d cases, %d not expressible", ran, skipped)
+	// Most of a case is waiting for controllers: run many at once, more
+	// than -parallel (GOMAXPROCS) would (t.Run may be called from several
+	// goroutines).
+	start := time.Now()
+	cases := make(chan Case)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range cases {
+				t.Run(c.Name(), func(t *testing.T) { runCase(t, c) })
+			}
+		}()
+	}
+	for _, c := range run {
+		cases <- c
+	}
+	close(cases)
+	wg.Wait()
+	t.Logf("%d cases in %s, %d not expressible", len(run), time.Since(start).Round(time.Second), skipped)
 }
 
 func runCase(t *testing.T, c Case) {

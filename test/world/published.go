@@ -81,8 +81,12 @@ var publishedWebhookResources = map[string]sets.Set[string]{
 // enablePublished turns on the ClusterTopology feature gate (process-wide,
 // like core/main.go's --feature-gates): the Cluster webhook refuses
 // topologies and the index for ClusterClass references is not added without it.
+//
+// KubeadmBootstrapFormatIgnition too: CAPA's -flatcar flavours bootstrap
+// with Ignition, which CABPK's webhooks refuse without it (clusterctl users
+// set EXP_KUBEADM_BOOTSTRAP_FORMAT_IGNITION=true for them).
 func enablePublished() error {
-	return feature.MutableGates.Set(string(feature.ClusterTopology) + "=true")
+	return feature.MutableGates.Set(string(feature.ClusterTopology) + "=true," + string(feature.KubeadmBootstrapFormatIgnition) + "=true")
 }
 
 // addPublishedTypes registers the types of the older versions and of the
