@@ -147,6 +147,9 @@ func runCase(t *testing.T, c Case) {
 	if err := tg.spoke.Create(ctx, nc); err != nil {
 		t.Fatal(err)
 	}
+	// A finished case leaves nothing behind: every NodeClass is resolved
+	// again at each change the provider sees.
+	defer cleanup(t, c, tg)
 	waitReady(t, tg, name)
 
 	zones := w.AWS.Zones()
@@ -157,18 +160,13 @@ func runCase(t *testing.T, c Case) {
 	pool := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{
 		Spec: karpv1.NodeClaimTemplateSpec{NodeClassRef: &karpv1.NodeClassReference{Group: v1alpha1.Group, Kind: "ClusterAPINodeClass", Name: name}},
 	}}}
-	first := offerings(t, tg, pool)
+	// The NodeClass is Ready once one source is known; the provider's
+	// caches see the others moments later: wait until every expected
+	// offering is there, then check two more calls agree.
+	first := waitOfferings(t, tg, pool, want)
 	second := offerings(t, tg, pool)
 	if fmt.Sprint(sortedKeys(first)) != fmt.Sprint(sortedKeys(second)) {
 		t.Fatalf("offering keys changed between two GetInstanceTypes calls: %v then %v", sortedKeys(first), sortedKeys(second))
-	}
-	if got, exp := sortedKeys(first), sortedKeys(want); fmt.Sprint(got) != fmt.Sprint(exp) {
-		t.Fatalf("offerings %v, want %v", got, exp)
-	}
-	for k, o := range want {
-		if !nearly(first[k], o.Price) {
-			t.Errorf("offering %v: price %v, want %v", k, first[k], o.Price)
-		}
 	}
 
 	created := create(t, tg, c)
@@ -202,6 +200,25 @@ func runCase(t *testing.T, c Case) {
 	launched := launchedSources(t, c, tg, created)
 	if len(launched) != 1 || !contains(o.Cheapest, launched[0]) {
 		t.Fatalf("launched sources %v, want exactly one of %v", launched, o.Cheapest)
+	}
+}
+
+// cleanup deletes what a case made: the NodeClass and NodeClaim, the
+// MachineDeployments (their Machines go with them), the templates and the
+// standalone Machines.
+func cleanup(t *testing.T, c Case, tg *target) {
+	ctx := context.Background()
+	sel := client.MatchingLabels{matrixMachineMeta: c.Name()}
+	ns := client.InNamespace(w.Namespace)
+	errs := []error{
+		client.IgnoreNotFound(tg.spoke.Delete(ctx, &v1alpha1.ClusterAPINodeClass{ObjectMeta: metav1.ObjectMeta{Name: c.Name()}})),
+		client.IgnoreNotFound(tg.spoke.Delete(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: c.Name()}})),
+		w.Hub.Client.DeleteAllOf(ctx, &clusterv1.MachineDeployment{}, ns, sel),
+		w.Hub.Client.DeleteAllOf(ctx, &clusterv1.Machine{}, ns, sel),
+		w.Hub.Client.DeleteAllOf(ctx, &infrav1.AWSMachineTemplate{}, ns, sel),
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Errorf("cleaning up: %v", err)
 	}
 }
 
@@ -242,7 +259,7 @@ func createSources(t *testing.T, c Case, tg *target) {
 			annotations[v1alpha1.SpotPriceAnnotation] = fmt.Sprint(s.SpotFee)
 		}
 		tmpl := world.AWSMachineTemplate(w.Namespace, name, InstanceType, s.Spot)
-		tmpl.Labels = map[string]string{clusterv1.ClusterNameLabel: tg.cluster}
+		tmpl.Labels = map[string]string{clusterv1.ClusterNameLabel: tg.cluster, matrixMachineMeta: c.Name()}
 		st := tmpl.Status
 		if c.Shape == ShapeAnnotations {
 			tmpl.Annotations = map[string]string{world.NoCapacityStatusAnnotation: "true"}
@@ -250,7 +267,6 @@ func createSources(t *testing.T, c Case, tg *target) {
 		}
 		if c.Mode == ModeMachine {
 			tmpl.Labels[v1alpha1.KarpenterMemberLabel] = ""
-			tmpl.Labels[matrixMachineMeta] = c.Name()
 			for k, v := range annotations {
 				if tmpl.Annotations == nil {
 					tmpl.Annotations = map[string]string{}
@@ -295,6 +311,32 @@ func waitReady(t *testing.T, tg *target, name string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("NodeClass %s not Ready: %+v", name, nc.Status.Conditions)
+}
+
+// waitOfferings polls GetInstanceTypes until its offerings are the
+// expected ones, with the expected prices.
+func waitOfferings(t *testing.T, tg *target, pool *karpv1.NodePool, want map[[2]string]*Offering) map[[2]string]float64 {
+	t.Helper()
+	var got map[[2]string]float64
+	var diff string
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		got, diff = offerings(t, tg, pool), ""
+		if g, e := sortedKeys(got), sortedKeys(want); fmt.Sprint(g) != fmt.Sprint(e) {
+			diff = fmt.Sprintf("offerings %v, want %v", g, e)
+		}
+		for k, o := range want {
+			if p, ok := got[k]; ok && !nearly(p, o.Price) {
+				diff += fmt.Sprintf("; offering %v: price %v, want %v", k, p, o.Price)
+			}
+		}
+		if diff == "" {
+			return got
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal(diff)
+	return nil
 }
 
 // offerings are GetInstanceTypes' offerings of InstanceType, by key, with prices.
