@@ -12,6 +12,7 @@ import (
 	"github.com/awslabs/operatorpkg/status"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -34,12 +35,18 @@ func values(t *testing.T, cluster string) Values {
 	return v.With("CLUSTER_NAME", cluster)
 }
 
-// createAll creates objects in a cluster, in order, as `kubectl create -f`.
+// createAll applies objects to a cluster, in order, as `kubectl apply -f`
+// does: created, or updated when they exist (CAPA's templates name some
+// objects, e.g. the ClusterResourceSets, the same for every cluster).
 func createAll(t *testing.T, c client.Client, objs []*unstructured.Unstructured) {
 	t.Helper()
 	for _, o := range objs {
-		if err := c.Create(context.Background(), o.DeepCopy()); err != nil {
-			t.Fatalf("creating %s %s %s: %v", o.GetAPIVersion(), o.GetKind(), o.GetName(), err)
+		err := c.Create(context.Background(), o.DeepCopy())
+		if apierrors.IsAlreadyExists(err) {
+			err = c.Patch(context.Background(), o.DeepCopy(), client.Apply, client.FieldOwner("kubectl"), client.ForceOwnership)
+		}
+		if err != nil {
+			t.Fatalf("applying %s %s %s: %v", o.GetAPIVersion(), o.GetKind(), o.GetName(), err)
 		}
 	}
 }
