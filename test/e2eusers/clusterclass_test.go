@@ -35,6 +35,7 @@ const ccPatch = "capa-templates/clusterclass/karpenter.patch.yaml"
 //   - a Kubernetes upgrade of the topology rolls both pools' nodes onto the
 //     new version through drift, within their budgets of one node.
 func TestClusterClass(t *testing.T) {
+	t.Parallel() // each has a Cluster and workload cluster of its own
 	const name = "capa-cc"
 	ctx := context.Background()
 	wc, err := w.PrepareCluster(ctx, name)

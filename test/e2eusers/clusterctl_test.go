@@ -50,6 +50,7 @@ func clusterFromTemplate(t *testing.T, name, flavour string, patchFiles ...strin
 // edits of docs/clusterctl.md: its worker MachineDeployment (no failure
 // domain: an offering without a zone) scales up and down exactly.
 func TestClusterctlTemplateMachineDeploymentMode(t *testing.T) {
+	t.Parallel() // each has a Cluster and workload cluster of its own
 	const name = "capa-default"
 	wc, err := w.PrepareCluster(context.Background(), name)
 	if err != nil {
@@ -69,6 +70,7 @@ func TestClusterctlTemplateMachineDeploymentMode(t *testing.T) {
 // CAPA's -flatcar flavour (Ignition bootstrap, an S3 bucket on the
 // AWSCluster): the same worker pool, the same edits, the same result.
 func TestClusterctlFlatcarFlavourMachineDeploymentMode(t *testing.T) {
+	t.Parallel() // each has a Cluster and workload cluster of its own
 	const name = "capa-flatcar"
 	wc, err := w.PrepareCluster(context.Background(), name)
 	if err != nil {
