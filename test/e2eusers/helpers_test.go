@@ -69,7 +69,9 @@ func startProvider(t *testing.T, wc *world.WorkloadCluster) *e2e.Provider {
 	if err != nil {
 		t.Fatal(err)
 	}
+	providersMu.Lock()
 	providers = append(providers, p)
+	providersMu.Unlock()
 	t.Cleanup(func() {
 		if t.Failed() {
 			if data, err := os.ReadFile(p.LogPath); err == nil {

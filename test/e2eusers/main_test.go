@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +22,8 @@ var (
 	w   *world.World
 	bin string
 	// providers started by the tests, checked for panics at the end.
-	providers []*e2e.Provider
+	providers   []*e2e.Provider
+	providersMu sync.Mutex
 )
 
 func TestMain(m *testing.M) {
