@@ -168,7 +168,7 @@ type tally struct {
 	machines   client.MatchingLabels
 	standalone bool
 	owned      bool
-	seen     map[string]bool
+	seen       map[string]bool
 }
 
 func newTally(wc *world.WorkloadCluster, pool, app string, machines client.MatchingLabels) *tally {
