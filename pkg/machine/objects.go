@@ -187,16 +187,18 @@ func newMachine(s machineSpec) *clusterv1.Machine {
 	return m
 }
 
-// clusterVersion is the Kubernetes version of a Cluster's control plane:
-// its topology version, else the control plane object's spec.version,
-// else its status.version.
+// clusterVersion is the Kubernetes version new worker Machines get: the
+// version the Cluster's control plane runs (its status.version), else the
+// version it is asked to run (spec.version), else the Cluster's topology
+// version. A worker must never be newer than the control plane (Kubernetes'
+// version skew policy): during an upgrade of a managed topology the topology
+// version and the control plane's spec.version move first, its status.version
+// only once the control plane runs the new version, which is when the
+// topology upgrades its MachineDeployments too.
 func clusterVersion(ctx context.Context, c *Provider, cluster *clusterv1.Cluster) (string, error) {
-	if v := cluster.Spec.Topology.Version; v != "" {
-		return v, nil
-	}
 	ref := cluster.Spec.ControlPlaneRef
 	if ref.Name == "" {
-		return "", nil
+		return cluster.Spec.Topology.Version, nil
 	}
 	gvk, err := ResolveKind(c.hub, ref.APIGroup, ref.Kind)
 	if err != nil {
@@ -207,10 +209,17 @@ func clusterVersion(ctx context.Context, c *Provider, cluster *clusterv1.Cluster
 	if err := c.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: cluster.Namespace, Name: ref.Name}, cp); err != nil {
 		return "", fmt.Errorf("reading the control plane %s %s/%s: %w", ref.Kind, cluster.Namespace, ref.Name, err)
 	}
-	for _, path := range [][]string{{"spec", "version"}, {"status", "version"}} {
+	return controlPlaneVersion(cp, cluster.Spec.Topology.Version), nil
+}
+
+// controlPlaneVersion is the version a control plane object runs
+// (status.version), else the one it is asked to run (spec.version), else
+// fallback.
+func controlPlaneVersion(cp *unstructured.Unstructured, fallback string) string {
+	for _, path := range [][]string{{"status", "version"}, {"spec", "version"}} {
 		if v, _, _ := unstructured.NestedString(cp.Object, path...); v != "" {
-			return v, nil
+			return v
 		}
 	}
-	return "", nil
+	return fallback
 }

@@ -53,9 +53,17 @@ type Instance struct {
 	Namespace, AWSMachine, Machine, ClusterName string
 	// UserData is the bootstrap data Secret's "value" at launch.
 	UserData []byte
+	// Version is the Kubernetes version the instance's kubelet runs: the
+	// Machine's spec.version (CAPA picks the AMI by it), else KubeletVersion.
+	Version string
 }
 
 type offering struct{ instanceType, zone, capacityType string }
+
+// NoCapacityStatusAnnotation on an AWSMachineTemplate makes SimAWS leave its
+// status empty, as CAPA releases before status.capacity, or other
+// infrastructure providers, do: its capacity then comes from annotations.
+const NoCapacityStatusAnnotation = "world.test/no-capacity-status"
 
 // SimAWS simulates EC2 for CAPA's AWSCluster, AWSMachine and
 // AWSMachineTemplate objects of the hub. Its methods are goroutine-safe.
@@ -96,19 +104,80 @@ type SimAWS struct {
 	recorder     record.EventRecorder
 	client       client.Client
 	reconcileAll chan event.GenericEvent
+	// endpoints are the control plane endpoints of Clusters whose AWSCluster
+	// has none yet (see SetControlPlaneEndpoint).
+	endpoints map[types.NamespacedName]clusterv1beta1.APIEndpoint
+	// failureDomains override the zones a Cluster's AWSCluster reports
+	// (see SetFailureDomains).
+	failureDomains map[types.NamespacedName][]string
 }
 
 func newSimAWS(zones []string, delay time.Duration) *SimAWS {
 	return &SimAWS{
-		zones:        zones,
-		region:       regionOf(zones[0]),
-		delay:        delay,
-		exhausted:    map[offering]bool{},
-		byID:         map[string]*Instance{},
-		byAWSMachine: map[types.UID]string{},
-		byHostname:   map[string]string{},
-		reconcileAll: make(chan event.GenericEvent, 1024),
+		zones:          zones,
+		region:         regionOf(zones[0]),
+		delay:          delay,
+		exhausted:      map[offering]bool{},
+		byID:           map[string]*Instance{},
+		byAWSMachine:   map[types.UID]string{},
+		byHostname:     map[string]string{},
+		reconcileAll:   make(chan event.GenericEvent, 1024),
+		endpoints:      map[types.NamespacedName]clusterv1beta1.APIEndpoint{},
+		failureDomains: map[types.NamespacedName][]string{},
 	}
+}
+
+// SetFailureDomains makes the AWSCluster of a Cluster report these zones as
+// failure domains instead of all of Zones; an empty list reports none, like
+// an infrastructure provider whose cluster spans no zones or has not
+// reported them yet. Instances of that Cluster without a failure domain
+// still run in the first zone. Call it before the Cluster is created.
+func (a *SimAWS) SetFailureDomains(cluster types.NamespacedName, zones []string) {
+	a.mu.Lock()
+	a.failureDomains[cluster] = append([]string{}, zones...)
+	a.mu.Unlock()
+}
+
+// zonesOf are the failure domains an AWSCluster reports.
+func (a *SimAWS) zonesOf(c *infrav1.AWSCluster) []string {
+	name := c.Labels[clusterv1.ClusterNameLabel]
+	for _, ref := range c.OwnerReferences {
+		if ref.Kind == "Cluster" && strings.HasPrefix(ref.APIVersion, clusterv1.GroupVersion.Group+"/") {
+			name = ref.Name
+		}
+	}
+	if name == "" {
+		name = c.Name // the world names a Cluster's AWSCluster after it
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if zones, ok := a.failureDomains[types.NamespacedName{Namespace: c.Namespace, Name: name}]; ok {
+		return zones
+	}
+	return a.zones
+}
+
+// SetControlPlaneEndpoint is the address of a Cluster's API server load
+// balancer: an AWSCluster of that Cluster without spec.controlPlaneEndpoint
+// gets it, as CAPA sets the endpoint from the load balancer it creates.
+func (a *SimAWS) SetControlPlaneEndpoint(cluster types.NamespacedName, host string, port int32) {
+	a.mu.Lock()
+	a.endpoints[cluster] = clusterv1beta1.APIEndpoint{Host: host, Port: port}
+	a.mu.Unlock()
+	a.requeueAll()
+}
+
+func (a *SimAWS) endpointOf(c *infrav1.AWSCluster) (clusterv1beta1.APIEndpoint, bool) {
+	name := c.Labels[clusterv1.ClusterNameLabel]
+	for _, ref := range c.OwnerReferences {
+		if ref.Kind == "Cluster" && strings.HasPrefix(ref.APIVersion, clusterv1.GroupVersion.Group+"/") {
+			name = ref.Name
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.endpoints[types.NamespacedName{Namespace: c.Namespace, Name: name}]
+	return e, ok
 }
 
 func regionOf(zone string) string {
@@ -326,10 +395,21 @@ func (a *SimAWS) reconcileAWSCluster(ctx context.Context, req reconcile.Request)
 	if !c.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
 	}
+	if !c.Spec.ControlPlaneEndpoint.IsValid() {
+		e, ok := a.endpointOf(c)
+		if !ok {
+			return reconcile.Result{RequeueAfter: time.Second}, nil // CAPA: no load balancer yet
+		}
+		patch := client.MergeFrom(c.DeepCopy())
+		c.Spec.ControlPlaneEndpoint = e
+		if err := a.client.Patch(ctx, c, patch); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 	original := c.DeepCopy()
 	c.Status.Ready = true
 	c.Status.FailureDomains = clusterv1beta1.FailureDomains{}
-	for _, z := range a.zones {
+	for _, z := range a.zonesOf(c) {
 		c.Status.FailureDomains[z] = clusterv1beta1.FailureDomainSpec{ControlPlane: true}
 	}
 	setV1Beta1Condition(&c.Status.Conditions, clusterv1beta1.Condition{Type: clusterv1beta1.ReadyCondition, Status: corev1.ConditionTrue})
@@ -343,6 +423,9 @@ func (a *SimAWS) reconcileTemplate(ctx context.Context, req reconcile.Request) (
 	t := &infrav1.AWSMachineTemplate{}
 	if err := a.client.Get(ctx, req.NamespacedName, t); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if t.Annotations[NoCapacityStatusAnnotation] != "" {
+		return reconcile.Result{}, nil // as a CAPA that does not fill status.capacity
 	}
 	if len(t.Status.Capacity) > 0 && t.Status.NodeInfo != nil && t.Status.NodeInfo.Architecture != "" && t.Status.NodeInfo.OperatingSystem != "" {
 		return reconcile.Result{}, nil
@@ -602,6 +685,10 @@ func (a *SimAWS) launch(ctx context.Context, am *infrav1.AWSMachine, machine *cl
 		Machine:       machine.Name,
 		ClusterName:   machine.Spec.ClusterName,
 		UserData:      append([]byte(nil), userData...),
+		Version:       machine.Spec.Version,
+	}
+	if in.Version == "" {
+		in.Version = KubeletVersion
 	}
 	in.ProviderID = fmt.Sprintf("aws:///%s/%s", zone, in.ID)
 	a.byID[in.ID] = in

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync/atomic"
 	"time"
 
@@ -96,14 +97,23 @@ type hubManager struct {
 
 var worldCount atomic.Int64
 
-func newHubManager(ctx context.Context, hubConfig *rest.Config, log logr.Logger) (*hubManager, error) {
+func newHubManager(ctx context.Context, hubConfig *rest.Config, log logr.Logger, published bool) (*hubManager, error) {
 	s, err := hubScheme()
 	if err != nil {
 		return nil, err
 	}
+	files := map[string]sets.Set[string]{filepath.Join("core", "config", "webhook", "manifests.yaml"): webhookResources}
+	if published {
+		if err := addPublishedTypes(s); err != nil {
+			return nil, err
+		}
+		for f, res := range publishedWebhookResources {
+			files[f] = files[f].Union(res)
+		}
+	}
 	// Webhook serving certificates and the local address the hub's API server calls.
 	wh := &envtest.WebhookInstallOptions{LocalServingHost: "127.0.0.1"}
-	if wh.MutatingWebhooks, wh.ValidatingWebhooks, err = capiWebhookConfigurations(); err != nil {
+	if wh.MutatingWebhooks, wh.ValidatingWebhooks, err = capiWebhookConfigurations(files); err != nil {
 		return nil, err
 	}
 	if err := wh.PrepWithoutInstalling(); err != nil {
@@ -149,6 +159,12 @@ func newHubManager(ctx context.Context, hubConfig *rest.Config, log logr.Logger)
 	if err := h.setup(ctx); err != nil {
 		_ = wh.Cleanup()
 		return nil, err
+	}
+	if published {
+		if err := h.setupPublished(ctx); err != nil {
+			_ = wh.Cleanup()
+			return nil, err
+		}
 	}
 	return h, nil
 }
@@ -244,20 +260,48 @@ func (h *hubManager) shutdownClusterCache() {
 }
 
 // capiWebhookConfigurations reads Cluster API's generated webhook
-// configurations and keeps the webhooks of webhookResources.
-func capiWebhookConfigurations() ([]*admissionv1.MutatingWebhookConfiguration, []*admissionv1.ValidatingWebhookConfiguration, error) {
+// configurations (files relative to the cluster-api module, each with the
+// resources whose webhooks the world serves) and keeps those webhooks.
+func capiWebhookConfigurations(files map[string]sets.Set[string]) ([]*admissionv1.MutatingWebhookConfiguration, []*admissionv1.ValidatingWebhookConfiguration, error) {
 	dir, err := environment.ModuleDir("sigs.k8s.io/cluster-api")
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := os.ReadFile(filepath.Join(dir, "core", "config", "webhook", "manifests.yaml"))
+	var mutating []*admissionv1.MutatingWebhookConfiguration
+	var validating []*admissionv1.ValidatingWebhookConfiguration
+	names := make([]string, 0, len(files))
+	for f := range files {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	for i, f := range names {
+		m, v, err := webhookConfigurationsOf(filepath.Join(dir, f), files[f])
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, c := range m {
+			c.Name = fmt.Sprintf("world-capi-mutating-%d", i)
+		}
+		for _, c := range v {
+			c.Name = fmt.Sprintf("world-capi-validating-%d", i)
+		}
+		mutating, validating = append(mutating, m...), append(validating, v...)
+	}
+	if len(mutating) == 0 || len(validating) == 0 {
+		return nil, nil, errors.New("no Cluster API webhook configurations found")
+	}
+	return mutating, validating, nil
+}
+
+func webhookConfigurationsOf(path string, resources sets.Set[string]) ([]*admissionv1.MutatingWebhookConfiguration, []*admissionv1.ValidatingWebhookConfiguration, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
 	}
 	keep := func(rules []admissionv1.RuleWithOperations) bool {
 		for _, r := range rules {
 			for _, res := range r.Resources {
-				if !webhookResources.Has(res) {
+				if !resources.Has(res) {
 					return false
 				}
 			}
@@ -291,9 +335,9 @@ func capiWebhookConfigurations() ([]*admissionv1.MutatingWebhookConfiguration, [
 					hooks = append(hooks, w)
 				}
 			}
-			c.Webhooks = hooks
-			c.Name = "world-capi-mutating"
-			mutating = append(mutating, c)
+			if c.Webhooks = hooks; len(hooks) > 0 {
+				mutating = append(mutating, c)
+			}
 		case "ValidatingWebhookConfiguration":
 			c := &admissionv1.ValidatingWebhookConfiguration{}
 			if err := yaml.Unmarshal(doc, c); err != nil {
@@ -305,13 +349,10 @@ func capiWebhookConfigurations() ([]*admissionv1.MutatingWebhookConfiguration, [
 					hooks = append(hooks, w)
 				}
 			}
-			c.Webhooks = hooks
-			c.Name = "world-capi-validating"
-			validating = append(validating, c)
+			if c.Webhooks = hooks; len(hooks) > 0 {
+				validating = append(validating, c)
+			}
 		}
-	}
-	if len(mutating) == 0 || len(validating) == 0 {
-		return nil, nil, errors.New("no Cluster API webhook configurations found")
 	}
 	return mutating, validating, nil
 }

@@ -242,7 +242,7 @@ func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Insta
 		KernelVersion:           "6.1.0-simulated",
 		OSImage:                 "Simulated Linux",
 		ContainerRuntimeVersion: "containerd://2.0.0",
-		KubeletVersion:          KubeletVersion,
+		KubeletVersion:          in.Version,
 		OperatingSystem:         "linux",
 		Architecture:            it.Arch,
 	}

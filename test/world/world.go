@@ -114,6 +114,10 @@ type Options struct {
 	// WithoutWorkloadCRDs starts the spoke without the Karpenter and NodeClass
 	// CRDs (the provider's --install-workload-crds installs them).
 	WithoutWorkloadCRDs bool
+	// Published makes the world take clusters as CAPA publishes them
+	// (clusterctl templates, ClusterClasses): older API versions, topology
+	// reconcilers, a simulated kubeadm control plane. See published.go.
+	Published bool
 }
 
 // AuditedGroup is the group whose users' requests the hub's API server
@@ -141,6 +145,7 @@ type World struct {
 	HubAuditLog string
 
 	hub          *hubManager
+	kcp          *simKCP         // with Options.Published
 	mctx         context.Context // the controllers' context
 	cancel       context.CancelFunc
 	log          logr.Logger
@@ -249,8 +254,20 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	w.cancel = cancel
 	mctx = ctrl.LoggerInto(mctx, log)
 	w.mctx = mctx
-	if w.hub, err = newHubManager(mctx, w.Hub.Config, log.WithName("capi")); err != nil {
+	if o.Published {
+		if err := enablePublished(); err != nil {
+			return w, err
+		}
+	}
+	if w.hub, err = newHubManager(mctx, w.Hub.Config, log.WithName("capi"), o.Published); err != nil {
 		return w, err
+	}
+	if o.Published {
+		// Before the controllers start: a controller watching a kind its
+		// manager's REST mapper did not know at start may never see it.
+		if err := w.installPublishedCRDs(); err != nil {
+			return w, err
+		}
 	}
 	awsMgr, err := newAWSManager(w.Hub.Config, w.AWS, log.WithName("aws"))
 	if err != nil {
@@ -275,6 +292,12 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		return w, err
 	}
 	phase("webhooks active")
+	if o.Published {
+		if err := w.startPublished(ctx); err != nil {
+			return w, err
+		}
+		phase("published kinds served")
+	}
 	if err := w.createHubObjects(ctx, first); err != nil {
 		return w, err
 	}

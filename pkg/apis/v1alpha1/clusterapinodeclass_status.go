@@ -14,6 +14,12 @@ const (
 	// from an annotation, False when some are priced by estimate. It does not
 	// affect readiness: estimated prices work, real ones work better.
 	ConditionTypePricesConfigured = "PricesConfigured"
+	// ConditionTypeTopologyReplicas (MachineDeployment mode) is False when a
+	// selected MachineDeployment belongs to a Cluster topology whose worker
+	// sets replicas: the topology controller sets back what Karpenter
+	// changes. It does not affect readiness (the other MachineDeployments
+	// still work); the message names each Cluster and worker.
+	ConditionTypeTopologyReplicas = "TopologyReplicas"
 )
 
 // ClusterAPINodeClassStatus is what the provider resolved from the spec.

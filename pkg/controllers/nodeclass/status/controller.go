@@ -127,6 +127,9 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		conditions.SetTrueWithReason(v1alpha1.ConditionTypeInstanceTypesResolved, ReasonResolved, truncate(msg))
 	}
+	if err := c.setTopologyCondition(ctx, nodeClass); err != nil {
+		return reconcile.Result{}, err // a hub read failed: keep the status as it is
+	}
 	nodeClass.Status.InstanceTypes = res.InstanceTypes
 	nodeClass.Status.InstanceTypeCount = int32(len(res.InstanceTypes))
 	nodeClass.Status.EstimatedPrices = res.EstimatedPrices
@@ -225,6 +228,7 @@ func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
 		WatchesRawSource(source.Channel(events, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 			return c.allNodeClasses(ctx)
 		}))).
+		WatchesRawSource(c.clusterChanges()).
 		WithOptions(controller.Options{
 			RateLimiter:             reasonable.RateLimiter(),
 			MaxConcurrentReconciles: 1,
