@@ -250,16 +250,27 @@ func capiWebhookConfigurations() ([]*admissionv1.MutatingWebhookConfiguration, [
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := os.ReadFile(filepath.Join(dir, "core", "config", "webhook", "manifests.yaml"))
+	return webhookConfigurations(filepath.Join(dir, "core", "config", "webhook", "manifests.yaml"), webhookResources, "", "world-capi")
+}
+
+// webhookConfigurations reads a provider's generated webhook configurations
+// (config/webhook/manifests.yaml) and keeps the webhooks whose rules name
+// only the given resources (and, when version is set, that version), named
+// <name>-mutating and <name>-validating.
+func webhookConfigurations(path string, resources sets.Set[string], version, name string) ([]*admissionv1.MutatingWebhookConfiguration, []*admissionv1.ValidatingWebhookConfiguration, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
 	}
 	keep := func(rules []admissionv1.RuleWithOperations) bool {
 		for _, r := range rules {
 			for _, res := range r.Resources {
-				if !webhookResources.Has(res) {
+				if !resources.Has(res) {
 					return false
 				}
+			}
+			if version != "" && !sets.New(r.APIVersions...).Has(version) {
+				return false
 			}
 		}
 		return len(rules) > 0
@@ -292,7 +303,7 @@ func capiWebhookConfigurations() ([]*admissionv1.MutatingWebhookConfiguration, [
 				}
 			}
 			c.Webhooks = hooks
-			c.Name = "world-capi-mutating"
+			c.Name = name + "-mutating"
 			mutating = append(mutating, c)
 		case "ValidatingWebhookConfiguration":
 			c := &admissionv1.ValidatingWebhookConfiguration{}
@@ -306,12 +317,12 @@ func capiWebhookConfigurations() ([]*admissionv1.MutatingWebhookConfiguration, [
 				}
 			}
 			c.Webhooks = hooks
-			c.Name = "world-capi-validating"
+			c.Name = name + "-validating"
 			validating = append(validating, c)
 		}
 	}
 	if len(mutating) == 0 || len(validating) == 0 {
-		return nil, nil, errors.New("no Cluster API webhook configurations found")
+		return nil, nil, fmt.Errorf("no webhook configurations found in %s", path)
 	}
 	return mutating, validating, nil
 }

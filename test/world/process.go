@@ -29,12 +29,18 @@ type process struct {
 }
 
 func startProcess(name, bin string, args []string, logPath string) (*process, error) {
+	return startProcessWithEnv(name, bin, args, nil, logPath)
+}
+
+// startProcessWithEnv is startProcess with an environment (nil: the test's).
+func startProcessWithEnv(name, bin string, args, env []string, logPath string) (*process, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = env
 	// Own process group, so Stop can signal everything it spawned; die with
 	// the test process if that is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

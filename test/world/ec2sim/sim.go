@@ -148,6 +148,8 @@ type Sim struct {
 	// resourceTags are the tags of interfaces and volumes (instances keep theirs).
 	resourceTags map[string]map[string]string
 	unknown      map[string]int
+	// launchErrors counts failed RunInstances by error code.
+	launchErrors map[string]int
 	calls        map[string]int
 	nextIP       int
 	listeners    []func(Instance)
@@ -188,7 +190,7 @@ func Start(o Options) (*Sim, error) {
 		vpcID: "vpc-0sim" + randomHex(9), pendingFor: o.PendingFor, shutdownFor: o.ShuttingDownFor,
 		images: append([]Image(nil), o.Images...), instances: map[string]*Instance{}, capacity: map[Pool]int{},
 		launchErr: map[Pool]string{}, spotPrice: map[Pool]float64{}, secrets: map[string][]byte{}, resourceTags: map[string]map[string]string{},
-		unknown: map[string]int{}, calls: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{}),
+		unknown: map[string]int{}, launchErrors: map[string]int{}, calls: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	for _, t := range o.InstanceTypes {
 		s.types[t.Name] = t
@@ -342,6 +344,17 @@ func (s *Sim) Calls() map[string]int {
 	defer s.mu.Unlock()
 	out := make(map[string]int, len(s.calls))
 	for k, v := range s.calls {
+		out[k] = v
+	}
+	return out
+}
+
+// LaunchErrors returns how many RunInstances failed, by error code.
+func (s *Sim) LaunchErrors() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.launchErrors))
+	for k, v := range s.launchErrors {
 		out[k] = v
 	}
 	return out
