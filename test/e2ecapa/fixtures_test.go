@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -399,8 +400,8 @@ func limitCapacity(t testing.TB, p ec2sim.Pool, n int) {
 	t.Cleanup(func() { w.EC2.SetCapacity(p, -1) })
 }
 
-// launchErrors is how many launches EC2 refused with code so far.
-func launchErrors(code string) int { return w.EC2.LaunchErrors()[code] }
+// launchErrors is how many launches of an instance type EC2 refused with code so far.
+func launchErrors(code, instanceType string) int { return w.EC2.LaunchErrors(code, instanceType) }
 
 // waitUnavailableOffering waits until the NodeClass lists the offering
 // (instance type, zone, capacity type; empty zone matches any) as unavailable.
@@ -423,4 +424,81 @@ func waitUnavailableOffering(t testing.TB, nodeClass, instanceType, zone, capaci
 	if err != nil {
 		t.Errorf("NodeClass %s: want %s/%s/%s among the unavailable offerings, got %+v", nodeClass, instanceType, zone, capacityType, shown)
 	}
+}
+
+// capaReport is what CAPA wrote on a pool's AWSMachine about a launch:
+// the InstanceReady condition and the failure fields.
+type capaReport struct {
+	AWSMachine, Reason, Severity, Message string
+	FailureReason, FailureMessage         string
+}
+
+// recordCAPAReports polls the pool's AWSMachines (CAPA tags the template's
+// additionalTags) until the test ends and returns a function listing the
+// distinct failed-launch reports seen: what the provider had to read.
+func recordCAPAReports(t testing.TB, pool string) func() []capaReport {
+	t.Helper()
+	var mu sync.Mutex
+	seen := map[string]capaReport{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			list := &infrav1.AWSMachineList{}
+			if err := w.Hub.Client.List(ctx, list, client.InNamespace(w.Namespace)); err == nil {
+				for _, m := range list.Items {
+					if m.Spec.AdditionalTags["pool"] != pool {
+						continue
+					}
+					for _, c := range m.Status.Conditions {
+						if c.Type != infrav1.InstanceReadyCondition || c.Status != corev1.ConditionFalse || c.Severity != "Error" {
+							continue
+						}
+						r := capaReport{AWSMachine: m.Name, Reason: c.Reason, Severity: string(c.Severity), Message: c.Message}
+						if m.Status.FailureReason != nil {
+							r.FailureReason = *m.Status.FailureReason
+						}
+						if m.Status.FailureMessage != nil {
+							r.FailureMessage = *m.Status.FailureMessage
+						}
+						mu.Lock()
+						seen[m.Name+"/"+c.Reason] = r
+						mu.Unlock()
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return func() []capaReport {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([]capaReport, 0, len(seen))
+		for _, r := range seen {
+			out = append(out, r)
+		}
+		return out
+	}
+}
+
+// checkCAPAReportedLaunchFailure checks that CAPA reported a refused launch
+// the way the provider reads it: InstanceReady False, reason
+// InstanceProvisionFailed, severity Error, the EC2 error code in the message.
+func checkCAPAReportedLaunchFailure(t testing.TB, reports []capaReport, code string) {
+	t.Helper()
+	for _, r := range reports {
+		t.Logf("CAPA wrote on AWSMachine %s: InstanceReady=False reason=%s severity=%s failureReason=%q message=%q",
+			r.AWSMachine, r.Reason, r.Severity, r.FailureReason, r.Message)
+	}
+	for _, r := range reports {
+		if r.Reason == infrav1.InstanceProvisionFailedReason && strings.Contains(r.Message, "api error "+code+":") {
+			return
+		}
+	}
+	t.Errorf("CAPA reported no InstanceProvisionFailed naming %s", code)
 }

@@ -49,7 +49,8 @@ func TestMachineModeInsufficientCapacityFallsBackToAnotherZone(t *testing.T) {
 		v1alpha1.PriceAnnotation: "0.085", v1alpha1.PriceAnnotation + ".us-east-1a": "0.080",
 	}), nil)
 	limitCapacity(t, ec2sim.Pool{InstanceType: "c5.large", Zone: "us-east-1a"}, 0)
-	before := launchErrors("InsufficientInstanceCapacity")
+	before := launchErrors("InsufficientInstanceCapacity", "c5.large")
+	reports := recordCAPAReports(t, pool)
 
 	d := app(t, pool, pool, 1, "1500m")
 	v := waitView(t, 3*time.Minute, pool, pool, func(v view) bool {
@@ -59,9 +60,10 @@ func TestMachineModeInsufficientCapacityFallsBackToAnotherZone(t *testing.T) {
 	if z := v.Nodes[0].Labels[corev1.LabelTopologyZone]; z == "us-east-1a" {
 		t.Fatalf("the node is in %s, where c5.large is exhausted", z)
 	}
-	if launchErrors("InsufficientInstanceCapacity") == before {
+	if launchErrors("InsufficientInstanceCapacity", "c5.large") == before {
 		t.Fatal("EC2 refused no launch: the scenario did not exercise the fallback")
 	}
+	checkCAPAReportedLaunchFailure(t, reports(), "InsufficientInstanceCapacity")
 	waitUnavailableOffering(t, pool, "c5.large", "us-east-1a", karpv1.CapacityTypeOnDemand)
 	scaleToZeroAndCheckNothingLeaks(t, d, pool)
 }

@@ -118,3 +118,13 @@ func run(m *testing.M) int {
 	}
 	return code
 }
+
+// fullSuite skips a scenario outside the full suite: `make test` runs the
+// CI subset (scale up and down, insufficient-capacity fallback, both
+// modes); `make test-capa` (E2E_CAPA_ALL=1) runs every scenario.
+func fullSuite(t *testing.T) {
+	t.Helper()
+	if os.Getenv("E2E_CAPA_ALL") == "" {
+		t.Skip("not in the CI subset: run `make test-capa` (E2E_CAPA_ALL=1)")
+	}
+}

@@ -211,7 +211,7 @@ func (s *Sim) runInstances(form url.Values) (any, *apiError) {
 
 	s.mu.Lock()
 	if aerr := s.capacityError(Pool{itype, zone, market}, maxPrice); aerr != nil {
-		s.launchErrors[aerr.code]++
+		s.launchErrors[[2]string{aerr.code, itype}]++
 		s.mu.Unlock()
 		return nil, aerr
 	}

@@ -149,7 +149,7 @@ type Sim struct {
 	resourceTags map[string]map[string]string
 	unknown      map[string]int
 	// launchErrors counts failed RunInstances by error code.
-	launchErrors map[string]int
+	launchErrors map[[2]string]int
 	calls        map[string]int
 	nextIP       int
 	listeners    []func(Instance)
@@ -190,7 +190,7 @@ func Start(o Options) (*Sim, error) {
 		vpcID: "vpc-0sim" + randomHex(9), pendingFor: o.PendingFor, shutdownFor: o.ShuttingDownFor,
 		images: append([]Image(nil), o.Images...), instances: map[string]*Instance{}, capacity: map[Pool]int{},
 		launchErr: map[Pool]string{}, spotPrice: map[Pool]float64{}, secrets: map[string][]byte{}, resourceTags: map[string]map[string]string{},
-		unknown: map[string]int{}, launchErrors: map[string]int{}, calls: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{}),
+		unknown: map[string]int{}, launchErrors: map[[2]string]int{}, calls: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	for _, t := range o.InstanceTypes {
 		s.types[t.Name] = t
@@ -349,15 +349,12 @@ func (s *Sim) Calls() map[string]int {
 	return out
 }
 
-// LaunchErrors returns how many RunInstances failed, by error code.
-func (s *Sim) LaunchErrors() map[string]int {
+// LaunchErrors returns how many launches of an instance type EC2 refused
+// with an error code.
+func (s *Sim) LaunchErrors(code, instanceType string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string]int, len(s.launchErrors))
-	for k, v := range s.launchErrors {
-		out[k] = v
-	}
-	return out
+	return s.launchErrors[[2]string{code, instanceType}]
 }
 
 // UnknownActions returns the actions asked for that the simulator does not
