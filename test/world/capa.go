@@ -123,6 +123,13 @@ func (w *World) startCAPA(ctx context.Context, o *CAPAOptions) error {
 		"AWS_SECRET_ACCESS_KEY=simulated-secret-access-key",
 		"AWS_REGION=" + w.EC2.Region(),
 		"AWS_EC2_METADATA_DISABLED=true",
+		// CAPA's AWSMachineTemplate controller builds its EC2 client without
+		// the --service-endpoints resolver (ec2.NewFromConfig of the bare
+		// session, v2.13): only the SDK's own endpoint setting reaches it.
+		// On AWS both lead to EC2; here both must lead to the simulator.
+		"AWS_ENDPOINT_URL_EC2=" + url,
+		"AWS_ENDPOINT_URL_SECRETS_MANAGER=" + url,
+		"AWS_ENDPOINT_URL_STS=" + url,
 		"AWS_CONFIG_FILE=/dev/null",
 		"AWS_SHARED_CREDENTIALS_FILE=/dev/null",
 		// CAPA looks for its own namespace here (leader election, static identities).
