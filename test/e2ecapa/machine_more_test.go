@@ -7,12 +7,15 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/test/e2e"
 	"github.com/autonode/karpenter-clusterapi/test/world/ec2sim"
 )
 
@@ -193,5 +196,64 @@ func TestMachineModeTemplateChangeIsDriftAndRolled(t *testing.T) {
 			t.Errorf("node %s has no instance type label", n.Name)
 		}
 	}
+	scaleToZeroAndCheckNothingLeaks(t, d, pool)
+}
+
+// Machine mode: a template no MachineDeployment uses has no owner Cluster,
+// so CAPA never describes it; without capacity annotations the NodeClass
+// says the capacity is unknown. Once the user makes the Cluster its owner,
+// CAPA writes status.capacity and status.nodeInfo and the provider launches
+// from them, annotations or not.
+func TestMachineModeTemplateCapacityFromCAPA(t *testing.T) {
+	fullSuite(t)
+	t.Parallel()
+	ctx := context.Background()
+	const pool = "mcap"
+	machineModePool(t, pool)
+	tmpl := memberTemplate(t, pool, pool+"-t3-medium", "t3.medium", map[string]string{v1alpha1.PriceAnnotation: "0.0416"}, nil)
+
+	var message string
+	err := e2e.WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		nc := &v1alpha1.ClusterAPINodeClass{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: pool}, nc); err != nil {
+			return false, err
+		}
+		for _, c := range nc.Status.Conditions {
+			if c.Type == "InstanceTypesResolved" {
+				message = c.Message
+				return c.Status == "False" && strings.Contains(c.Message, "unknown capacity"), nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("NodeClass %s: want InstanceTypesResolved=False naming the unknown capacity, got %q", pool, message)
+	}
+	cur := &infrav1.AWSMachineTemplate{}
+	if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(tmpl), cur); err != nil {
+		t.Fatal(err)
+	}
+	if len(cur.Status.Capacity) != 0 {
+		t.Fatalf("CAPA described a template without an owner Cluster: %v", cur.Status.Capacity)
+	}
+
+	cluster := &clusterv1.Cluster{}
+	if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: w.ClusterName}, cluster); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(cur.DeepCopy())
+	cur.OwnerReferences = append(cur.OwnerReferences, metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID,
+	})
+	if err := w.Hub.Client.Patch(ctx, cur, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitCAPADescribed(t, tmpl, "2", "4Gi", "amd64")
+
+	d := app(t, pool, pool, 1, "1500m")
+	v := waitView(t, 3*time.Minute, pool, pool, func(v view) bool {
+		return v.RunningPods == 1 && len(v.Nodes) == 1 && len(v.Machines) == 1 && len(v.Instances) == 1
+	})
+	checkIdentity(t, v)
 	scaleToZeroAndCheckNothingLeaks(t, d, pool)
 }
