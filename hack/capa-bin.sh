@@ -36,7 +36,8 @@ echo "capa-bin: building CAPA $CAPA_VERSION manager (first run only, about 4 min
 # resolves CAPA's own go.mod, not ours.
 cd "$work"
 GOFLAGS= CGO_ENABLED=0 GOBIN="$work/bin" go install -trimpath -ldflags "-s -w" "$CAPA_MODULE@$CAPA_VERSION"
-mv "$work/bin/v2" "$BIN.tmp" 2>/dev/null || mv "$work/bin/"* "$BIN.tmp"
+# go install names the binary after the module path without its /v2.
+mv "$work/bin/cluster-api-provider-aws" "$BIN.tmp"
 mv "$BIN.tmp" "$BIN"
 echo "capa-bin: done ($(( $(date +%s) - start ))s)" >&2
 echo "$BIN"

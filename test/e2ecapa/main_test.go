@@ -106,6 +106,8 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "%d EC2 instances left running after the tests: %+v\n", len(live), live)
 		code = 1
 	}
+	// The AWS actions CAPA called, for the record of what its path is.
+	fmt.Fprintf(os.Stderr, "AWS actions CAPA called: %v; refused launches by code: %v\n", w.EC2.Calls(), w.EC2.LaunchErrorCodes())
 	if unknown := w.EC2.UnknownActions(); len(unknown) > 0 {
 		// CAPA called an AWS action nobody simulated: its path differs from
 		// what these tests assume.

@@ -11,6 +11,8 @@
 //     disruption: PodDisruptionBudget status);
 //   - SimAWS, a simulated EC2 behind CAPA's AWSCluster, AWSMachine and
 //     AWSMachineTemplate objects (CAPA v1beta2 types, v1beta1 infra contract);
+//     or, with Options.CAPA, CAPA's real controller manager against a
+//     simulated EC2 API (ec2sim; see CAPAOptions);
 //   - a simulated kubelet and AWS cloud-controller-manager that register
 //     Nodes for running instances and run the Pods bound to them;
 //   - a simulated kubeadm bootstrap provider serving CABPK's real

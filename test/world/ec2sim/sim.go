@@ -357,6 +357,17 @@ func (s *Sim) LaunchErrors(code, instanceType string) int {
 	return s.launchErrors[[2]string{code, instanceType}]
 }
 
+// LaunchErrorCodes returns how many launches EC2 refused, by error code.
+func (s *Sim) LaunchErrorCodes() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range s.launchErrors {
+		out[k[0]] += v
+	}
+	return out
+}
+
 // UnknownActions returns the actions asked for that the simulator does not
 // implement, with their counts.
 func (s *Sim) UnknownActions() map[string]int {
