@@ -257,3 +257,26 @@ func TestMachineModeTemplateCapacityFromCAPA(t *testing.T) {
 	checkIdentity(t, v)
 	scaleToZeroAndCheckNothingLeaks(t, d, pool)
 }
+
+// Machine mode: a template that says marketType OnDemand explicitly (CAPA's
+// own field) and has a spot price offers spot too. CAPA's webhook refuses
+// an AWSMachine with both marketType OnDemand and spotMarketOptions, so a
+// spot launch must ask for marketType Spot.
+func TestMachineModeSpotFromAnExplicitlyOnDemandTemplate(t *testing.T) {
+	t.Parallel()
+	const pool = "mmarket"
+	machineModePool(t, pool, karpv1.CapacityTypeSpot)
+	memberTemplate(t, pool, pool+"-m5-large", "m5.large", capacityAnnotations("m5.large", map[string]string{
+		v1alpha1.PriceAnnotation: "0.096", v1alpha1.SpotPriceAnnotation: "0.035",
+	}), func(s *infrav1.AWSMachineSpec) { s.MarketType = infrav1.MarketTypeOnDemand })
+
+	d := app(t, pool, pool, 1, "1500m")
+	v := waitView(t, 3*time.Minute, pool, pool, func(v view) bool {
+		return v.RunningPods == 1 && len(v.Nodes) == 1 && len(v.Machines) == 1 && len(v.Instances) == 1
+	})
+	checkIdentity(t, v)
+	if in := v.Instances[0]; in.Market != ec2sim.Spot {
+		t.Fatalf("instance %s is %s, want spot", in.ID, in.Market)
+	}
+	scaleToZeroAndCheckNothingLeaks(t, d, pool)
+}
