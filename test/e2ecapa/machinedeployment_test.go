@@ -107,7 +107,6 @@ func checkReplicas(t testing.TB, md *clusterv1.MachineDeployment, want int32) {
 // from the next offering (another MachineDeployment of the type, in another
 // zone) and the failed replica is given back.
 func TestMachineDeploymentModeInsufficientCapacityFallsBack(t *testing.T) {
-	needsMachineDeploymentFallback(t)
 	t.Parallel()
 	const pool = "dice"
 	machineDeploymentPool(t, pool)
@@ -140,7 +139,6 @@ func TestMachineDeploymentModeInsufficientCapacityFallsBack(t *testing.T) {
 // no spot capacity; the pod gets a node from the on-demand one.
 func TestMachineDeploymentModeSpotExhaustedFallsBackToOnDemand(t *testing.T) {
 	fullSuite(t)
-	needsMachineDeploymentFallback(t)
 	t.Parallel()
 	const pool = "dspot"
 	machineDeploymentPool(t, pool, karpv1.CapacityTypeSpot, karpv1.CapacityTypeOnDemand)

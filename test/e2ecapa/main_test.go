@@ -131,17 +131,3 @@ func fullSuite(t *testing.T) {
 	}
 }
 
-// machineDeploymentFallback says whether this branch detects failed
-// launches in MachineDeployment mode (issue 16: a NodeClaim whose cheapest
-// MachineDeployment cannot launch gets a node from the next offering). The
-// MachineDeployment-mode fallback scenarios are written against that
-// behaviour; before it, such a NodeClaim never gets a providerID and stalls
-// Karpenter's disruption for every pool of the world.
-const machineDeploymentFallback = false
-
-func needsMachineDeploymentFallback(t *testing.T) {
-	t.Helper()
-	if !machineDeploymentFallback {
-		t.Skip("needs MachineDeployment-mode failed-launch detection (issue 16), not on this branch yet")
-	}
-}
