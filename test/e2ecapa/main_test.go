@@ -130,4 +130,3 @@ func fullSuite(t *testing.T) {
 		t.Skip("not in the CI subset: run `make test-capa` (E2E_CAPA_ALL=1)")
 	}
 }
-
