@@ -9,6 +9,9 @@ TOOLS := go tool -modfile=hack/tools/go.mod
 # Real API servers for tests, built once and cached outside the repository.
 ENVTEST_ASSETS = $(shell hack/envtest-bins.sh)
 TEST_TIMEOUT ?= 60m
+# CAPA's controller manager for test/e2ecapa, built once from CAPA's own
+# module at the version in go.mod and cached outside the repository.
+CAPA_BIN = $(shell hack/capa-bin.sh)
 
 .PHONY: help
 help: ## List targets
@@ -39,8 +42,12 @@ envtest: ## Build (first run) and print the cached test API server binaries
 
 .PHONY: test
 # -count=1: test/e2e runs the provider binary it builds, which the test cache cannot see.
-test: ## Run every test against real API servers
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+test: ## Run every test against real API servers (test/e2ecapa: the CI subset)
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CAPA_BIN="$(CAPA_BIN)" go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+.PHONY: test-capa
+test-capa: ## Every scenario with CAPA's real controllers against a simulated EC2 (test/e2ecapa)
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CAPA_BIN="$(CAPA_BIN)" E2E_CAPA_ALL=1 go test -count=1 -timeout $(TEST_TIMEOUT) -v ./test/e2ecapa
 
 .PHONY: model
 model: ## Randomized model of MachineDeployment binding (MODEL_STEPS, MODEL_SEED)

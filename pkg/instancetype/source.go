@@ -397,6 +397,13 @@ func templateAsksForSpot(t *unstructured.Unstructured) bool {
 	return strings.EqualFold(mt, "Spot")
 }
 
+// templateIsCapacityBlock reports whether a CAPA template launches into a
+// capacity block (marketType CapacityBlock): reserved capacity, never spot.
+func templateIsCapacityBlock(t *unstructured.Unstructured) bool {
+	mt, _, _ := unstructured.NestedString(t.Object, "spec", "template", "spec", "marketType")
+	return strings.EqualFold(mt, "CapacityBlock")
+}
+
 // propagatesToNode reports whether Cluster API syncs a Machine label with
 // this key to its Node.
 func propagatesToNode(key string) bool {

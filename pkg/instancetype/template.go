@@ -119,7 +119,7 @@ func FromTemplate(t *unstructured.Unstructured, o TemplateOptions) []Source {
 	switch {
 	case templateAsksForSpot(t):
 		capacityTypes = []string{karpv1.CapacityTypeSpot}
-	case o.SpotCapable && hasSpotPrice(ann):
+	case o.SpotCapable && hasSpotPrice(ann) && !templateIsCapacityBlock(t):
 		capacityTypes = append(capacityTypes, karpv1.CapacityTypeSpot)
 	}
 	zones := o.Zones

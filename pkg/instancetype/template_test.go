@@ -1,6 +1,7 @@
 package instancetype
 
 import (
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"strings"
 	"testing"
 
@@ -61,11 +62,21 @@ func TestFromTemplateCapacityTypes(t *testing.T) {
 		{"spot price, spot-capable kind: both", false, priced, true, []string{"on-demand", "spot"}},
 		{"spot price, kind cannot be made spot: on-demand", false, priced, false, []string{"on-demand"}},
 		{"template asks for spot: spot only", true, nil, true, []string{"spot"}},
+		// CAPA's marketType: OnDemand said explicitly still allows a spot clone;
+		// a capacity block is reserved capacity and never spot.
+		{"marketType OnDemand, spot price: both", false, priced, true, []string{"on-demand", "spot"}},
+		{"marketType CapacityBlock, spot price: on-demand", false, priced, true, []string{"on-demand"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srcs := FromTemplate(awsTemplate("m5.large", c.spot, map[string]any{"cpu": "2", "memory": "8Gi"}, c.ann),
-				TemplateOptions{ClusterName: "c1", SpotCapable: c.spotCapable})
+			tmpl := awsTemplate("m5.large", c.spot, map[string]any{"cpu": "2", "memory": "8Gi"}, c.ann)
+			if mt, ok := strings.CutPrefix(c.name, "marketType "); ok {
+				mt, _, _ = strings.Cut(mt, ",")
+				if err := unstructured.SetNestedField(tmpl.Object, mt, "spec", "template", "spec", "marketType"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			srcs := FromTemplate(tmpl, TemplateOptions{ClusterName: "c1", SpotCapable: c.spotCapable})
 			var got []string
 			for _, s := range srcs {
 				got = append(got, s.CapacityType)

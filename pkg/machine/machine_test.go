@@ -101,6 +101,35 @@ func TestCloneCopiesTheTemplateTheWayAMachineSetDoes(t *testing.T) {
 	}
 }
 
+// CAPA's AWSMachine webhook refuses spotMarketOptions beside marketType
+// OnDemand or CapacityBlock: a spot clone of a template that says OnDemand
+// asks for Spot; a CapacityBlock one cannot be made spot.
+func TestMakeSpotKeepsTheMarketTypeCAPAAccepts(t *testing.T) {
+	clone := func(marketType string) *unstructured.Unstructured {
+		spec := map[string]any{"instanceType": "m5.large"}
+		if marketType != "" {
+			spec["marketType"] = marketType
+		}
+		u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+		u.SetKind("AWSMachine")
+		u.SetName("m")
+		return u
+	}
+	for _, c := range []struct{ marketType, want string }{{"", ""}, {"OnDemand", "Spot"}, {"Spot", "Spot"}} {
+		infra := clone(c.marketType)
+		if err := makeSpot(infra); err != nil {
+			t.Fatalf("marketType %q: %v", c.marketType, err)
+		}
+		got, _, _ := unstructured.NestedString(infra.Object, "spec", "marketType")
+		if _, ok, _ := unstructured.NestedMap(infra.Object, "spec", "spotMarketOptions"); !ok || got != c.want {
+			t.Fatalf("marketType %q: got marketType %q (spotMarketOptions set %v), want %q with spotMarketOptions", c.marketType, got, ok, c.want)
+		}
+	}
+	if err := makeSpot(clone("CapacityBlock")); err == nil {
+		t.Fatal("a CapacityBlock machine was made spot")
+	}
+}
+
 func TestHashesFollowWhatALaunchCopies(t *testing.T) {
 	tmpl := func(it string) *unstructured.Unstructured {
 		return &unstructured.Unstructured{Object: map[string]any{

@@ -119,8 +119,19 @@ func clone(t *unstructured.Unstructured, gvk schema.GroupVersionKind, name, clus
 }
 
 // makeSpot turns a cloned CAPA AWSMachine into a spot request, unless the
-// template already set spot market options.
+// template already set spot market options. CAPA's webhook refuses
+// spotMarketOptions beside marketType OnDemand (a template may say OnDemand
+// explicitly), so the clone then asks for marketType Spot; a CapacityBlock
+// machine cannot be spot at all.
 func makeSpot(infra *unstructured.Unstructured) error {
+	switch mt, _, _ := unstructured.NestedString(infra.Object, "spec", "marketType"); {
+	case strings.EqualFold(mt, "CapacityBlock"):
+		return fmt.Errorf("%s %s/%s has marketType CapacityBlock, which cannot be spot", infra.GetKind(), infra.GetNamespace(), infra.GetName())
+	case mt != "":
+		if err := unstructured.SetNestedField(infra.Object, "Spot", "spec", "marketType"); err != nil {
+			return err
+		}
+	}
 	if _, ok, _ := unstructured.NestedMap(infra.Object, "spec", "spotMarketOptions"); ok {
 		return nil
 	}

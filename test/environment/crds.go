@@ -43,6 +43,14 @@ var capaCRDs = []string{
 	"infrastructure.cluster.x-k8s.io_awsmachinetemplates.yaml",
 }
 
+// capaControllerCRDs are the further CAPA CRDs CAPA's own controller
+// manager needs (its AWSCluster session code reads the identity kinds).
+var capaControllerCRDs = []string{
+	"infrastructure.cluster.x-k8s.io_awsclustercontrolleridentities.yaml",
+	"infrastructure.cluster.x-k8s.io_awsclusterroleidentities.yaml",
+	"infrastructure.cluster.x-k8s.io_awsclusterstaticidentities.yaml",
+}
+
 // RepoRoot is the repository's root directory.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
@@ -105,7 +113,26 @@ func HubCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		crd.Labels["cluster.x-k8s.io/v1beta2"] = "v1beta2"
 		out = append(out, crd)
 	}
-	for _, f := range capaCRDs {
+	more, err := readCAPACRDs(capa, capaCRDs)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, more...), nil
+}
+
+// CAPAControllerCRDs returns the CAPA CRDs, beyond HubCRDs, that CAPA's
+// own controller manager needs (the AWS identity kinds), served at v1beta2.
+func CAPAControllerCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	capa, err := ModuleDir("sigs.k8s.io/cluster-api-provider-aws/v2")
+	if err != nil {
+		return nil, err
+	}
+	return readCAPACRDs(capa, capaControllerCRDs)
+}
+
+func readCAPACRDs(capa string, files []string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	var out []*apiextensionsv1.CustomResourceDefinition
+	for _, f := range files {
 		crd, err := readCRD(filepath.Join(capa, "config", "crd", "bases", f))
 		if err != nil {
 			return nil, err

@@ -275,7 +275,7 @@ func capiWebhookConfigurations(files map[string]sets.Set[string]) ([]*admissionv
 	}
 	sort.Strings(names)
 	for i, f := range names {
-		m, v, err := webhookConfigurationsOf(filepath.Join(dir, f), files[f])
+		m, v, err := webhookConfigurationsOf(filepath.Join(dir, f), files[f], "")
 		if err != nil {
 			return nil, nil, err
 		}
@@ -293,7 +293,31 @@ func capiWebhookConfigurations(files map[string]sets.Set[string]) ([]*admissionv
 	return mutating, validating, nil
 }
 
-func webhookConfigurationsOf(path string, resources sets.Set[string]) ([]*admissionv1.MutatingWebhookConfiguration, []*admissionv1.ValidatingWebhookConfiguration, error) {
+// webhookConfigurations reads a provider's generated webhook configurations
+// (config/webhook/manifests.yaml) and keeps the webhooks whose rules name
+// only the given resources (and, when version is set, that version), named
+// <name>-mutating-<i> and <name>-validating-<i>.
+func webhookConfigurations(path string, resources sets.Set[string], version, name string) ([]*admissionv1.MutatingWebhookConfiguration, []*admissionv1.ValidatingWebhookConfiguration, error) {
+	mutating, validating, err := webhookConfigurationsOf(path, resources, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(mutating) == 0 || len(validating) == 0 {
+		return nil, nil, fmt.Errorf("no webhook configurations found in %s", path)
+	}
+	for i, c := range mutating {
+		c.Name = fmt.Sprintf("%s-mutating-%d", name, i)
+	}
+	for i, c := range validating {
+		c.Name = fmt.Sprintf("%s-validating-%d", name, i)
+	}
+	return mutating, validating, nil
+}
+
+// webhookConfigurationsOf reads the webhook configurations of a file and
+// keeps the webhooks whose rules name only the given resources (and, when
+// version is set, that version); configurations left empty are dropped.
+func webhookConfigurationsOf(path string, resources sets.Set[string], version string) ([]*admissionv1.MutatingWebhookConfiguration, []*admissionv1.ValidatingWebhookConfiguration, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
@@ -304,6 +328,9 @@ func webhookConfigurationsOf(path string, resources sets.Set[string]) ([]*admiss
 				if !resources.Has(res) {
 					return false
 				}
+			}
+			if version != "" && !sets.New(r.APIVersions...).Has(version) {
+				return false
 			}
 		}
 		return len(rules) > 0

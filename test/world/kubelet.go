@@ -55,7 +55,7 @@ const (
 //   - deletes the Node when the instance is terminated (the CCM's node
 //     lifecycle controller).
 type simKubelet struct {
-	aws     *SimAWS
+	aws     instanceSource
 	cluster types.NamespacedName
 	client  client.Client
 
@@ -65,7 +65,14 @@ type simKubelet struct {
 	events     chan event.GenericEvent
 }
 
-func newSimKubelet(aws *SimAWS, cluster types.NamespacedName) *simKubelet {
+// instanceSource is the cloud whose instances the simulated kubelet runs:
+// SimAWS, or the simulated EC2 behind the real CAPA (ec2Instances).
+type instanceSource interface {
+	instanceByHostname(host string) (Instance, bool)
+	onInstanceChange(func(hostname string))
+}
+
+func newSimKubelet(aws instanceSource, cluster types.NamespacedName) *simKubelet {
 	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, events: make(chan event.GenericEvent, 4096)}
 	aws.onInstanceChange(func(host string) {
 		k.events <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host}}}

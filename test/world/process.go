@@ -29,6 +29,11 @@ type process struct {
 }
 
 func startProcess(name, bin string, args []string, logPath string) (*process, error) {
+	return startProcessWithEnv(name, bin, args, nil, logPath)
+}
+
+// startProcessWithEnv is startProcess with an environment (nil: the test's).
+func startProcessWithEnv(name, bin string, args, env []string, logPath string) (*process, error) {
 	// Appended: a component restarted after an outage keeps its earlier log.
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -36,6 +41,7 @@ func startProcess(name, bin string, args []string, logPath string) (*process, er
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = env
 	// Own process group, so Stop can signal everything it spawned; die with
 	// the test process if that is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

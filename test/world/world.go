@@ -11,6 +11,8 @@
 //     disruption: PodDisruptionBudget status);
 //   - SimAWS, a simulated EC2 behind CAPA's AWSCluster, AWSMachine and
 //     AWSMachineTemplate objects (CAPA v1beta2 types, v1beta1 infra contract);
+//     or, with Options.CAPA, CAPA's real controller manager against a
+//     simulated EC2 API (ec2sim; see CAPAOptions);
 //   - a simulated kubelet and AWS cloud-controller-manager that register
 //     Nodes for running instances and run the Pods bound to them;
 //   - a simulated kubeadm bootstrap provider serving CABPK's real
@@ -88,6 +90,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/autonode/karpenter-clusterapi/test/environment"
+	"github.com/autonode/karpenter-clusterapi/test/world/ec2sim"
 )
 
 // Defaults of Options.
@@ -118,6 +121,10 @@ type Options struct {
 	// (clusterctl templates, ClusterClasses): older API versions, topology
 	// reconcilers, a simulated kubeadm control plane. See published.go.
 	Published bool
+	// CAPA, when set, runs CAPA's real controller manager against a
+	// simulated EC2 (World.EC2) instead of SimAWS (World.AWS is then nil).
+	// See CAPAOptions. One Cluster only: AddCluster is not supported.
+	CAPA *CAPAOptions
 }
 
 // AuditedGroup is the group whose users' requests the hub's API server
@@ -135,7 +142,10 @@ type World struct {
 	Namespace, ClusterName         string
 	// BootstrapSecretName is the default bootstrap data Secret, "<cluster>-bootstrap".
 	BootstrapSecretName string
-	AWS                 *SimAWS
+	// AWS is the simulated CAPA (default); EC2 the simulated EC2 behind the
+	// real CAPA (Options.CAPA). Exactly one is set.
+	AWS *SimAWS
+	EC2 *ec2sim.Sim
 	// Dir is the world's temporary directory (kubeconfigs, logs).
 	Dir string
 	// KeepDir keeps Dir on Stop (set it when a test failed, to read the logs).
@@ -145,7 +155,9 @@ type World struct {
 	HubAuditLog string
 
 	hub          *hubManager
-	kcp          *simKCP         // with Options.Published
+	kcp          *simKCP // with Options.Published
+	capa         *capaManager
+	instances    instanceSource
 	mctx         context.Context // the controllers' context
 	cancel       context.CancelFunc
 	log          logr.Logger
@@ -198,8 +210,19 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	w = &World{
 		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName,
 		BootstrapSecretName: o.ClusterName + "-bootstrap",
-		AWS:                 newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay),
 		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
+	}
+	if o.CAPA == nil {
+		w.AWS = newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay)
+		w.instances = w.AWS
+	} else {
+		if w.EC2, err = ec2sim.Start(ec2sim.Options{
+			Region: regionOf(o.Zones[0]), Zones: o.Zones, PendingFor: o.ProvisionDelay, ShuttingDownFor: o.CAPA.ShuttingDownFor,
+			InstanceTypes: simulatedCatalogue(), Images: ec2sim.CAPAImages(KubeletVersion),
+		}); err != nil {
+			return w, err
+		}
+		w.instances = &ec2Instances{sim: w.EC2, namespace: o.Namespace, userData: map[string][]byte{}}
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -269,11 +292,15 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 			return w, err
 		}
 	}
-	awsMgr, err := newAWSManager(w.Hub.Config, w.AWS, log.WithName("aws"))
-	if err != nil {
-		return w, err
+	managers := []ctrl.Manager{w.hub.mgr}
+	if w.AWS != nil {
+		awsMgr, err := newAWSManager(w.Hub.Config, w.AWS, log.WithName("aws"))
+		if err != nil {
+			return w, err
+		}
+		managers = append(managers, awsMgr)
 	}
-	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.AWS, w.clusterKey(first), log.WithName("kubelet"))
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), log.WithName("kubelet"))
 	if err != nil {
 		return w, err
 	}
@@ -281,7 +308,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	if err != nil {
 		return w, err
 	}
-	for _, m := range []ctrl.Manager{w.hub.mgr, awsMgr, spokeMgr, bootMgr} {
+	for _, m := range append(managers, spokeMgr, bootMgr) {
 		w.startManager(m)
 	}
 	phase("managers started")
@@ -297,6 +324,12 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 			return w, err
 		}
 		phase("published kinds served")
+	}
+	if o.CAPA != nil {
+		if err := w.startCAPA(ctx, o.CAPA); err != nil {
+			return w, err
+		}
+		phase("CAPA ready")
 	}
 	if err := w.createHubObjects(ctx, first); err != nil {
 		return w, err
@@ -370,7 +403,7 @@ func newAWSManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manager
 
 // newSpokeManager runs the simulated kubelet of the Cluster's instances
 // against its workload cluster.
-func newSpokeManager(cfg *rest.Config, aws *SimAWS, cluster types.NamespacedName, log logr.Logger) (ctrl.Manager, error) {
+func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, log logr.Logger) (ctrl.Manager, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
@@ -432,6 +465,18 @@ func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error
 		return err
 	}
 	cp := controlPlaneObject(ns, name, host, int64(port))
+	var awsCluster *infrav1.AWSCluster
+	if w.EC2 != nil {
+		awsCluster = w.externalAWSCluster(ns, name, host, int32(port))
+	} else {
+		awsCluster = &infrav1.AWSCluster{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: infrav1.AWSClusterSpec{
+				Region:               w.AWS.Region(),
+				ControlPlaneEndpoint: clusterv1beta1.APIEndpoint{Host: host, Port: int32(port)},
+			},
+		}
+	}
 	objects := []client.Object{
 		&corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig", Labels: map[string]string{clusterv1.ClusterNameLabel: name}},
@@ -440,13 +485,7 @@ func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error
 		},
 		boot,
 		cp,
-		&infrav1.AWSCluster{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: infrav1.AWSClusterSpec{
-				Region:               w.AWS.Region(),
-				ControlPlaneEndpoint: clusterv1beta1.APIEndpoint{Host: host, Port: int32(port)},
-			},
-		},
+		awsCluster,
 		&clusterv1.Cluster{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: clusterv1.ClusterSpec{
@@ -458,6 +497,11 @@ func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error
 	for _, o := range objects {
 		if err := c.Create(ctx, o); err != nil {
 			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	if w.EC2 != nil {
+		if err := w.markExternalAWSClusterReady(ctx, awsCluster); err != nil {
+			return fmt.Errorf("writing the status of AWSCluster %s: %w", name, err)
 		}
 	}
 	// The managed control plane is up from the start.
@@ -503,7 +547,7 @@ func (w *World) CreateAWSMachineTemplate(ctx context.Context, name, instanceType
 // LogFiles returns the world's log files.
 func (w *World) LogFiles() []string {
 	var out []string
-	files := []string{"world.log"}
+	files := []string{"world.log", "capa.log"}
 	for _, c := range w.workloadClusters() {
 		files = append(files, "kube-scheduler"+c.logSuffix+".log", "kube-controller-manager"+c.logSuffix+".log")
 	}
@@ -545,6 +589,9 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 	if w.Cluster(name) != nil {
 		return nil, fmt.Errorf("the world has a Cluster %s already", name)
 	}
+	if w.EC2 != nil {
+		return nil, errors.New("AddCluster: a world with the real CAPA has one Cluster")
+	}
 	t0 := time.Now()
 	spoke, err := environment.StartSpoke()
 	if err != nil {
@@ -558,7 +605,7 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 	if wc.SpokeKubeconfig, err = spoke.WriteKubeconfig(w.Dir); err != nil {
 		return nil, err
 	}
-	mgr, err := newSpokeManager(spoke.Config, w.AWS, w.clusterKey(wc), w.log.WithName("kubelet-"+name))
+	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.log.WithName("kubelet-"+name))
 	if err != nil {
 		return nil, err
 	}
@@ -632,6 +679,7 @@ func (w *World) Stop() error {
 		for _, c := range clusters {
 			errs = append(errs, c.stopSpokeComponents())
 		}
+		errs = append(errs, w.capa.stop())
 		if w.cancel != nil {
 			w.cancel()
 			w.mu.Lock()
@@ -662,6 +710,9 @@ func (w *World) Stop() error {
 		}
 		if w.Hub != nil {
 			errs = append(errs, w.Hub.Stop())
+		}
+		if w.EC2 != nil {
+			errs = append(errs, w.EC2.Close())
 		}
 		if w.logFile != nil {
 			_ = w.logFile.Close()
