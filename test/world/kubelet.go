@@ -51,7 +51,9 @@ const (
 //   - posts Ready and heartbeats, renews the Node Lease, and removes the
 //     node.kubernetes.io/not-ready taint TaintNodesByCondition admission adds;
 //   - runs the Pods bound to its Nodes (Running, Ready, podIP) and finishes
-//     terminating ones at once (delete with grace period 0);
+//     terminating ones as a kubelet does: a Pod stays Running and Ready while
+//     its preStop hooks run, within its termination grace period, and is
+//     deleted for good once its containers stopped (terminationDone);
 //   - deletes the Node when the instance is terminated (the CCM's node
 //     lifecycle controller).
 type simKubelet struct {
@@ -353,7 +355,11 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 		return reconcile.Result{}, nil
 	}
 	if !pod.DeletionTimestamp.IsZero() {
-		// The containers are stopped at once; the kubelet then deletes the Pod for good.
+		// The kubelet runs the preStop hooks, then stops the containers, and
+		// deletes the Pod for good once they exited (see terminationDone).
+		if wait := time.Until(terminationDone(pod)); wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
 		err := k.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			return reconcile.Result{}, nil

@@ -109,13 +109,14 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 	if err != nil {
 		return err
 	}
-	// Controllers: Deployments and ReplicaSets, garbage collection (owner
-	// references, e.g. ReplicaSets of deleted Deployments) and pod GC (Pods of
-	// deleted Nodes). No node-lifecycle controller: the simulated kubelet
+	// Controllers: Deployments, ReplicaSets and DaemonSets, garbage
+	// collection (owner references, e.g. ReplicaSets of deleted Deployments),
+	// pod GC (Pods of deleted Nodes) and disruption (PodDisruptionBudget
+	// status, without which every eviction is refused). No node-lifecycle controller: the simulated kubelet
 	// plays its part (not-ready taint removal, Node deletion via the CCM).
 	wc.controllerManager, err = startProcess("kube-controller-manager"+wc.logSuffix, kcmBin, []string{
 		"--kubeconfig=" + wc.SpokeKubeconfig,
-		"--controllers=deployment,replicaset,garbagecollector,podgc,disruption",
+		"--controllers=deployment,replicaset,daemonset,garbagecollector,podgc,disruption",
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",

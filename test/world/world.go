@@ -7,7 +7,7 @@
 //     Machine, MachineSet, MachineDeployment, MachineHealthCheck,
 //     MachineDrainRule), wired as Cluster API's core/main.go wires them;
 //   - a spoke (workload cluster) API server with the real kube-scheduler and
-//     kube-controller-manager (deployment, replicaset, garbagecollector, podgc,
+//     kube-controller-manager (deployment, replicaset, daemonset, garbagecollector, podgc,
 //     disruption: PodDisruptionBudget status);
 //   - SimAWS, a simulated EC2 behind CAPA's AWSCluster, AWSMachine and
 //     AWSMachineTemplate objects (CAPA v1beta2 types, v1beta1 infra contract);
