@@ -22,6 +22,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	"github.com/autonode/karpenter-clusterapi/test/conformance"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 )
@@ -37,6 +40,8 @@ func main() {
 	list := flag.Bool("list", false, "list the groups and exit")
 	flag.Parse()
 
+	// The worlds log to files; keep controller-runtime's global logger quiet.
+	ctrl.SetLogger(logr.Discard())
 	if *list {
 		for _, g := range conformance.Groups {
 			fmt.Printf("%-45s ci=%t focus=%q\n", g.ID(), g.CI, g.Focus)

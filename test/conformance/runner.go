@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -183,13 +184,13 @@ func runSuite(ctx context.Context, o Options, g Group, gw *groupWorld, dir, repo
 	args := []string{
 		"-test.v", "-test.timeout=" + o.GroupTimeout.String(),
 		"-ginkgo.v", "-ginkgo.no-color",
-		"-ginkgo.focus=" + g.Focus,
+		"-ginkgo.focus=" + ginkgoFilter(g.Suite, g.Focus),
 		"-ginkgo.json-report=" + reportPath,
 		"-default-nodeclass=" + gw.nodeClassFile,
 		"-default-nodepool=" + gw.nodePoolFile,
 	}
 	if g.Skip != "" {
-		args = append(args, "-ginkgo.skip="+g.Skip)
+		args = append(args, "-ginkgo.skip="+ginkgoFilter(g.Suite, g.Skip))
 	}
 	logFile, err := os.Create(filepath.Join(dir, "suite.log"))
 	if err != nil {
@@ -254,6 +255,19 @@ func runSuite(ctx context.Context, o Options, g Group, gw *groupWorld, dir, repo
 	}
 	wg.Wait()
 	return runErr
+}
+
+// suiteDescriptions are the suites' RunSpecs descriptions: ginkgo matches
+// --focus and --skip against the description, a space and the spec's text.
+var suiteDescriptions = map[string]string{"regression": "Regression", "disruption": "Disruption"}
+
+// ginkgoFilter turns a regular expression over a spec's text into one over
+// what ginkgo matches.
+func ginkgoFilter(suite, expr string) string {
+	if rest, ok := strings.CutPrefix(expr, "^"); ok {
+		return "^" + regexp.QuoteMeta(suiteDescriptions[suite]) + " " + rest
+	}
+	return expr
 }
 
 // killGroup interrupts the suite (ginkgo then writes its report), and kills

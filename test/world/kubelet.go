@@ -63,12 +63,15 @@ type simKubelet struct {
 
 	mu         sync.Mutex
 	registered map[string]bool // Node names registered once
+	// terminating is when the kubelet first saw each deleted Pod: its
+	// termination (preStop hooks, grace period) starts then.
+	terminating map[types.UID]time.Time
 	nextPodIP  int
 	events     chan event.GenericEvent
 }
 
 func newSimKubelet(aws *SimAWS, cluster types.NamespacedName) *simKubelet {
-	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, events: make(chan event.GenericEvent, 4096)}
+	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, terminating: map[types.UID]time.Time{}, events: make(chan event.GenericEvent, 4096)}
 	aws.onInstanceChange(func(host string) {
 		k.events <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host}}}
 	})
@@ -357,10 +360,15 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 	if !pod.DeletionTimestamp.IsZero() {
 		// The kubelet runs the preStop hooks, then stops the containers, and
 		// deletes the Pod for good once they exited (see terminationDone).
-		if wait := time.Until(terminationDone(pod)); wait > 0 {
+		if wait := time.Until(terminationDone(pod, k.terminationStart(pod.UID))); wait > 0 {
 			return reconcile.Result{RequeueAfter: wait}, nil
 		}
 		err := k.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+		if err == nil || apierrors.IsNotFound(err) {
+			k.mu.Lock()
+			delete(k.terminating, pod.UID)
+			k.mu.Unlock()
+		}
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			return reconcile.Result{}, nil
 		}
@@ -419,6 +427,18 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, nil
+}
+
+// terminationStart is when the kubelet first saw the Pod deleted.
+func (k *simKubelet) terminationStart(uid types.UID) time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t, ok := k.terminating[uid]
+	if !ok {
+		t = time.Now()
+		k.terminating[uid] = t
+	}
+	return t
 }
 
 func podRunningAndReady(p *corev1.Pod) bool {

@@ -10,23 +10,20 @@ import (
 )
 
 // terminationDone is when the simulated kubelet is done terminating a Pod
-// that is being deleted, as a real kubelet would be: the API server set
-// deletionTimestamp to the time of the delete plus the grace period; the
-// kubelet runs every container's preStop hook (in parallel), then sends
-// SIGTERM, and kills what is left when the grace period ends. So the
-// containers stop at delete time + min(longest preStop hook, grace period).
+// that is being deleted, as a real kubelet would be: from when it saw the
+// deletion (start), it runs every container's preStop hook (in parallel),
+// then sends SIGTERM, and kills what is left when the Pod's grace period
+// (deletionGracePeriodSeconds) ends. So the containers stop at start +
+// min(longest preStop hook, grace period). A later delete with a shorter
+// grace period shortens it, as it does for a kubelet.
 //
 // What the simulation knows of a hook's duration: a sleep action
 // (lifecycle.preStop.sleep) and an exec hook that is a shell "sleep N" (what
 // Karpenter's e2e pods use) take N seconds; any other hook is taken to
 // return at once. Containers exit at once on SIGTERM (a process that
 // ignores it would run until the grace period ends).
-func terminationDone(pod *corev1.Pod) time.Time {
-	if pod.DeletionTimestamp == nil {
-		return time.Time{}
-	}
+func terminationDone(pod *corev1.Pod, start time.Time) time.Time {
 	grace := time.Duration(ptr.Deref(pod.DeletionGracePeriodSeconds, 0)) * time.Second
-	start := pod.DeletionTimestamp.Add(-grace)
 	hook := time.Duration(0)
 	for _, c := range pod.Spec.Containers {
 		if d := preStopDuration(c); d > hook {
