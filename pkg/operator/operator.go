@@ -126,6 +126,9 @@ func (o *Operator) Run(ctx context.Context) {
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
 	undecorated := cloudprovider.New(o.GetClient(), store, managed, machines, mdProvider, mProvider)
 	undecorated.WaitForHubWith(o.Hub.Reachability.Wait)
+	if opts := options.FromContext(ctx); opts != nil {
+		undecorated.RepairAlso(opts.RepairConditions)
+	}
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	undecorated.UsePricesFrom(cloudProvider)
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))

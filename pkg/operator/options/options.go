@@ -52,6 +52,11 @@ type Options struct {
 	// UnavailableTTL is how long an offering that reported insufficient
 	// capacity stays unavailable (Machine mode).
 	UnavailableTTL time.Duration
+	// RepairConditions are node conditions, besides Ready, that make
+	// Karpenter replace a node once they held for their toleration.
+	RepairConditions []RepairCondition
+
+	repairConditionsRaw string
 }
 
 // AddFlags registers the flags in core's flag set.
@@ -68,6 +73,8 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"Install or update the Karpenter and ClusterAPINodeClass CRDs in the workload cluster at start.")
 	fs.DurationVar(&o.UnavailableTTL, FlagUnavailableTTL, env.WithDefaultDuration("UNAVAILABLE_OFFERINGS_TTL", DefaultUnavailableTTL),
 		"How long an offering (instance type, zone, capacity type) that reported insufficient capacity is left out of launches (Machine mode).")
+	fs.StringVar(&o.repairConditionsRaw, FlagRepairConditions, env.WithDefaultString("REPAIR_CONDITIONS", ""),
+		"Node conditions, besides Ready, that make Karpenter replace a node once they held for a while (feature gate NodeRepair): <type>=<status>:<toleration>,... e.g. KernelDeadlock=True:10m.")
 }
 
 // Parse parses the arguments and validates the result.
@@ -97,6 +104,11 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--%s (CLUSTER_API_CLUSTER_NAME) requires --%s (CLUSTER_API_NAMESPACE): a Cluster is named within its namespace",
 			FlagClusterAPICluster, FlagClusterAPINamespace)
 	}
+	conditions, err := ParseRepairConditions(o.repairConditionsRaw)
+	if err != nil {
+		return err
+	}
+	o.RepairConditions = conditions
 	if o.UnavailableTTL <= 0 {
 		return fmt.Errorf("--%s (UNAVAILABLE_OFFERINGS_TTL): %s is not a positive duration", FlagUnavailableTTL, o.UnavailableTTL)
 	}
