@@ -41,8 +41,10 @@ type Group struct {
 	Focus string
 	// Skip leaves specs of the group out (ginkgo --skip); SkipReason says why.
 	Skip, SkipReason string
-	// CI marks the groups `make test` runs (the fast ones).
-	CI bool
+	// CI marks the groups `make test` runs (the fast ones); CISkip leaves
+	// their slow specs out there (`make conformance` runs them).
+	CI     bool
+	CISkip string
 }
 
 // ID is suite/name.
@@ -64,7 +66,9 @@ var Groups = []Group{
 	{Suite: "regression", Name: "DaemonSet", Focus: `^Integration DaemonSet `},
 	{Suite: "regression", Name: "Utilization", Focus: `^Integration Utilization `},
 	{Suite: "regression", Name: "DoNotDisrupt", Focus: `^Integration DoNotDisrupt `},
-	{Suite: "regression", Name: "StandaloneNodeClaim", Focus: `^NodeClaim StandaloneNodeClaim `, CI: true},
+	{Suite: "regression", Name: "StandaloneNodeClaim", Focus: `^NodeClaim StandaloneNodeClaim `, CI: true,
+		// Waits out Karpenter's 15-minute registration timeout.
+		CISkip: `after the registration timeout`},
 	{Suite: "regression", Name: "StaticCapacity", Focus: `^StaticCapacity `},
 	{Suite: "regression", Name: "CapacityBuffer", Focus: `^CapacityBuffer `},
 	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `},

@@ -66,8 +66,8 @@ type simKubelet struct {
 	// terminating is when the kubelet first saw each deleted Pod: its
 	// termination (preStop hooks, grace period) starts then.
 	terminating map[types.UID]time.Time
-	nextPodIP  int
-	events     chan event.GenericEvent
+	nextPodIP   int
+	events      chan event.GenericEvent
 }
 
 func newSimKubelet(aws *SimAWS, cluster types.NamespacedName) *simKubelet {
