@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/autonode/karpenter-clusterapi/test/environment"
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
@@ -39,7 +40,11 @@ type groupWorld struct {
 // startGroupWorld starts a world for a mode. On error everything started is
 // stopped again.
 func startGroupWorld(ctx context.Context, mode Mode, providerBin, dir string) (gw *groupWorld, err error) {
-	w, err := world.Start(ctx, world.Options{})
+	schedulerConfig, err := karpenterSchedulerConfig()
+	if err != nil {
+		return nil, err
+	}
+	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig})
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +75,9 @@ func startGroupWorld(ctx context.Context, mode Mode, providerBin, dir string) (g
 	sysCtx, cancel := context.WithCancel(context.Background())
 	gw.stopSys, gw.sysDone = cancel, make(chan struct{})
 	go func() { defer close(gw.sysDone); gw.sys.run(sysCtx) }()
+	if err := w.Spoke.Client.Create(ctx, schedulerMirrorPod()); err != nil {
+		return gw, fmt.Errorf("creating kube-scheduler's mirror pod: %w", err)
+	}
 	if err := w.Spoke.Client.Create(ctx, karpenterDeployment(w)); err != nil {
 		return gw, fmt.Errorf("creating the karpenter Deployment: %w", err)
 	}
@@ -134,6 +142,45 @@ func karpenterDeployment(w *world.World) *appsv1.Deployment {
 					}},
 				},
 			},
+		},
+	}
+}
+
+// schedulerConfigMountPath is where Karpenter's kind cluster mounts its
+// kube-scheduler configuration; the DefaultTopologySpreadConstraints specs
+// look for it in kube-scheduler's pod to know the cluster's scheduler has the
+// profile they test (test/suites/regression/defaultconstraints_test.go).
+const schedulerConfigMountPath = "/etc/kubernetes/karpenter-scheduler-config/kube-scheduler-config.yaml"
+
+// karpenterSchedulerConfig is the KubeSchedulerConfiguration Karpenter's own
+// e2e cluster runs kube-scheduler with (an extra profile with default
+// topology spread constraints), from the karpenter module in go.mod.
+func karpenterSchedulerConfig() ([]byte, error) {
+	dir, err := environment.ModuleDir("sigs.k8s.io/karpenter")
+	if err != nil {
+		return nil, err
+	}
+	return os.ReadFile(filepath.Join(dir, "test", "suites", "regression", "testdata", "kube-scheduler-config.yaml"))
+}
+
+// schedulerMirrorPod is kube-scheduler's pod as a kubeadm control plane shows
+// it (the mirror of a static pod): the world's kube-scheduler runs as a
+// process with that configuration, on the system node.
+func schedulerMirrorPod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "kube-system", Name: "kube-scheduler-" + SystemNodeName,
+			Labels:      map[string]string{"component": "kube-scheduler", "tier": "control-plane"},
+			Annotations: map[string]string{"kubernetes.io/config.mirror": "world", "kubernetes.io/config.source": "file"},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:          SystemNodeName,
+			PriorityClassName: "system-node-critical",
+			Tolerations:       []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{
+				Name: "kube-scheduler", Image: "registry.k8s.io/kube-scheduler:v1.36.3",
+				Command: []string{"kube-scheduler", "--config=" + schedulerConfigMountPath},
+			}},
 		},
 	}
 }

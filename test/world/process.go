@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 )
 
 // process is a component binary run as a subprocess in its own process group.
@@ -100,12 +101,18 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 	if err != nil {
 		return err
 	}
-	wc.scheduler, err = startProcess("kube-scheduler"+wc.logSuffix, schedBin, []string{
-		"--kubeconfig=" + wc.SpokeKubeconfig,
-		"--leader-elect=false",
-		"--secure-port=0",
-		"--v=2",
-	}, filepath.Join(w.Dir, "kube-scheduler"+wc.logSuffix+".log"))
+	schedArgs := []string{"--kubeconfig=" + wc.SpokeKubeconfig, "--leader-elect=false", "--secure-port=0", "--v=2"}
+	if len(w.schedulerConfig) > 0 && wc.Spoke == w.Spoke {
+		path, err := w.writeSchedulerConfig(wc.SpokeKubeconfig)
+		if err != nil {
+			return err
+		}
+		// With --config, kube-scheduler takes the connection and leader
+		// election from the file, not from the flags.
+		schedArgs = []string{"--config=" + path, "--secure-port=0", "--v=2"}
+	}
+	wc.scheduler, err = startProcess("kube-scheduler"+wc.logSuffix, schedBin, schedArgs,
+		filepath.Join(w.Dir, "kube-scheduler"+wc.logSuffix+".log"))
 	if err != nil {
 		return err
 	}
@@ -127,6 +134,28 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 		return err
 	}
 	return wc.waitSpokeComponents(ctx)
+}
+
+// writeSchedulerConfig writes Options.KubeSchedulerConfig with the spoke's
+// kubeconfig and leader election off, and returns its path.
+func (w *World) writeSchedulerConfig(kubeconfig string) (string, error) {
+	cfg := map[string]any{}
+	if err := yaml.Unmarshal(w.schedulerConfig, &cfg); err != nil {
+		return "", fmt.Errorf("KubeSchedulerConfig: %w", err)
+	}
+	conn, _ := cfg["clientConnection"].(map[string]any)
+	if conn == nil {
+		conn = map[string]any{}
+	}
+	conn["kubeconfig"] = kubeconfig
+	cfg["clientConnection"] = conn
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(w.Dir, "kube-scheduler-config.yaml")
+	return path, os.WriteFile(path, data, 0o644)
 }
 
 const systemNamespace = "world-system"

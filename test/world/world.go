@@ -114,6 +114,11 @@ type Options struct {
 	// WithoutWorkloadCRDs starts the spoke without the Karpenter and NodeClass
 	// CRDs (the provider's --install-workload-crds installs them).
 	WithoutWorkloadCRDs bool
+	// KubeSchedulerConfig, when set, is a KubeSchedulerConfiguration (YAML)
+	// the first spoke's kube-scheduler runs with (--config), for extra
+	// profiles; its clientConnection.kubeconfig and leader election are the
+	// world's.
+	KubeSchedulerConfig []byte
 }
 
 // AuditedGroup is the group whose users' requests the hub's API server
@@ -149,8 +154,10 @@ type World struct {
 	// clusters are the Clusters with their spokes, the first one first.
 	clusters []*WorkloadCluster
 	logFile  *os.File
-	stopOnce sync.Once
-	stopErr  error
+	// schedulerConfig is Options.KubeSchedulerConfig.
+	schedulerConfig []byte
+	stopOnce        sync.Once
+	stopErr         error
 }
 
 // WorkloadCluster is a Cluster of the world, in the world's Namespace, and
@@ -191,7 +198,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		return nil, err
 	}
 	w = &World{
-		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName,
+		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName, schedulerConfig: o.KubeSchedulerConfig,
 		BootstrapSecretName: o.ClusterName + "-bootstrap",
 		AWS:                 newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay),
 		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
