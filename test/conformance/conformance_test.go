@@ -55,6 +55,7 @@ func TestConformanceCI(t *testing.T) {
 	}
 	for i := range groups {
 		groups[i].Skip = joinAlternatives(groups[i].Skip, groups[i].CISkip)
+		groups[i].Modes = groups[i].CIModes
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()

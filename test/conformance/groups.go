@@ -42,9 +42,26 @@ type Group struct {
 	// Skip leaves specs of the group out (ginkgo --skip); SkipReason says why.
 	Skip, SkipReason string
 	// CI marks the groups `make test` runs (the fast ones); CISkip leaves
-	// their slow specs out there (`make conformance` runs them).
-	CI     bool
-	CISkip string
+	// their slow specs out there (`make conformance` runs them), CIModes
+	// names the modes it runs them in (both when empty).
+	CI      bool
+	CISkip  string
+	CIModes []Mode
+	// Modes limits the modes the group runs in (both when empty).
+	Modes []Mode
+}
+
+// RunsIn reports whether the group runs in a mode.
+func (g Group) RunsIn(m Mode) bool {
+	if len(g.Modes) == 0 {
+		return true
+	}
+	for _, x := range g.Modes {
+		if x == m {
+			return true
+		}
+	}
+	return false
 }
 
 // ID is suite/name.
@@ -61,8 +78,9 @@ func (g Group) Matches(suite, text string) bool {
 // Groups are every spec of both suites, split by top-level container (the
 // regression suite's Integration container by its children).
 var Groups = []Group{
-	{Suite: "regression", Name: "Validation", Focus: `^Integration Validation `, CI: true},
-	{Suite: "regression", Name: "CRDHash", Focus: `^Integration CRD Hash `, CI: true},
+	// NodePool validation and hashing do not depend on the mode: CI runs them once.
+	{Suite: "regression", Name: "Validation", Focus: `^Integration Validation `, CI: true, CIModes: []Mode{ModeMachineDeployment}},
+	{Suite: "regression", Name: "CRDHash", Focus: `^Integration CRD Hash `, CI: true, CIModes: []Mode{ModeMachineDeployment}},
 	{Suite: "regression", Name: "DaemonSet", Focus: `^Integration DaemonSet `},
 	{Suite: "regression", Name: "Utilization", Focus: `^Integration Utilization `},
 	{Suite: "regression", Name: "DoNotDisrupt", Focus: `^Integration DoNotDisrupt `},
@@ -74,8 +92,10 @@ var Groups = []Group{
 	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `},
 	{Suite: "regression", Name: "Performance", Focus: `^Performance `},
 	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `},
-	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, CI: true},
-	{Suite: "disruption", Name: "Expiration", Focus: `^Expiration `, CI: true},
+	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, CI: true, CIModes: []Mode{ModeMachine},
+		// Budgets, grace periods and drain order wait minutes each (9.5 min for the group).
+		CISkip: `Emptiness|TerminationGracePeriod|in order`},
+	{Suite: "disruption", Name: "Expiration", Focus: `^Expiration `},
 	{Suite: "disruption", Name: "Drift", Focus: `^Drift `},
 	{Suite: "disruption", Name: "Repair", Focus: `^Repair `},
 	{Suite: "disruption", Name: "Reboot", Focus: `^Reboot `},

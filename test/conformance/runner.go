@@ -72,6 +72,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	for mi, mode := range o.Modes {
 		for gi, g := range o.Groups {
+			if !g.RunsIn(mode) {
+				continue
+			}
 			var want []string
 			for _, text := range specs[g.Suite] {
 				if g.Matches(g.Suite, text) {
