@@ -77,16 +77,6 @@ func TestConformanceCI(t *testing.T) {
 	_ = os.RemoveAll(out)
 }
 
-func joinAlternatives(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return "(" + a + ")|(" + b + ")"
-}
-
 // testWriter sends progress lines to the test log.
 type testWriter struct{ t *testing.T }
 

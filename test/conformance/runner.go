@@ -75,14 +75,25 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if !g.RunsIn(mode) {
 				continue
 			}
-			var want []string
+			var want, skipped []string
+			var results []SpecResult
 			for _, text := range specs[g.Suite] {
-				if g.Matches(g.Suite, text) {
-					want = append(want, text)
+				if !g.Matches(g.Suite, text) {
+					continue
 				}
+				if reason, ok := notApplicable(g.Suite, text, mode); ok {
+					skipped = append(skipped, "^"+regexp.QuoteMeta(text)+"$")
+					results = append(results, SpecResult{Mode: mode, Suite: g.Suite, Group: g.Name, Spec: text, State: StateSkipped, Message: "not applicable: " + reason})
+					continue
+				}
+				want = append(want, text)
 			}
+			r.Specs = append(r.Specs, results...)
 			if len(want) == 0 {
 				continue
+			}
+			for _, re := range skipped {
+				g.Skip = joinAlternatives(g.Skip, re)
 			}
 			if ctx.Err() != nil {
 				return r, ctx.Err()
