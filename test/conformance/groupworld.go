@@ -26,6 +26,12 @@ import (
 // kwok chart renders them).
 const FeatureGates = "StaticCapacity=true,SpotToSpotConsolidation=false,NodeRepair=true,CapacityBuffer=true,PodDeletionCostManagement=false"
 
+// RepairCondition is the node condition the Repair specs inject
+// (--repair-condition): node-problem-detector's KernelDeadlock, which the
+// provider repairs after 10 minutes (REPAIR_CONDITIONS); the specs backdate
+// it by a day.
+const RepairCondition = "KernelDeadlock=True"
+
 // groupWorld is one group's fresh world: the e2e world, the fleet of the
 // mode, the system node running the karpenter Deployment, and the suites'
 // default NodeClass and NodePool files.
@@ -135,6 +141,7 @@ func karpenterDeployment(w *world.World) *appsv1.Deployment {
 						Env: []corev1.EnvVar{
 							{Name: "LOG_LEVEL", Value: "debug"},
 							{Name: "FEATURE_GATES", Value: FeatureGates},
+							{Name: "REPAIR_CONDITIONS", Value: RepairCondition + ":10m"},
 						},
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 							corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("512Mi"),

@@ -202,6 +202,7 @@ func runSuite(ctx context.Context, o Options, g Group, gw *groupWorld, dir, repo
 		"-ginkgo.json-report=" + reportPath,
 		"-default-nodeclass=" + gw.nodeClassFile,
 		"-default-nodepool=" + gw.nodePoolFile,
+		"-repair-condition=" + RepairCondition,
 	}
 	if g.Skip != "" {
 		args = append(args, "-ginkgo.skip="+ginkgoFilter(g.Suite, g.Skip))

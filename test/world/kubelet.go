@@ -283,11 +283,22 @@ func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Insta
 		}
 		conds = append(conds, nc)
 	}
+	// Conditions others own (node-problem-detector, a test injecting a
+	// fault) are kept, as the kubelet only updates its own.
+	for _, c := range node.Status.Conditions {
+		switch c.Type {
+		case corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure, corev1.NodeReady:
+		default:
+			conds = append(conds, c)
+		}
+	}
 	desired.Conditions = conds
 	if equalJSON(desired, &node.Status) {
 		return nil
 	}
-	patch := client.MergeFrom(node.DeepCopy())
+	// The optimistic lock keeps a condition someone adds meanwhile: the
+	// conditions list is replaced as a whole.
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	node.Status = *desired
 	return client.IgnoreNotFound(k.client.Status().Patch(ctx, node, patch))
 }
