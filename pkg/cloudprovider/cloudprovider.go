@@ -392,7 +392,10 @@ func (c *CloudProvider) Reboot(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 func (c *CloudProvider) RepairAlso(conditions []options.RepairCondition) {
 	for _, rc := range conditions {
 		c.extraRepair = append(c.extraRepair, cloudprovider.RepairPolicy{
-			ConditionType: rc.Type, ConditionStatus: rc.Status, TolerationDuration: rc.Toleration, Action: cloudprovider.ReplaceNode,
+			// Any reason: core allows one policy without a reason regex
+			// (the default fallback), the first Ready policy.
+			ConditionType: rc.Type, ConditionStatus: rc.Status, ReasonRegex: ".*",
+			TolerationDuration: rc.Toleration, Action: cloudprovider.ReplaceNode,
 		})
 	}
 }
