@@ -5,8 +5,10 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,7 +59,11 @@ func TestConformanceCI(t *testing.T) {
 		groups[i].Skip = joinAlternatives(groups[i].Skip, groups[i].CISkip)
 		groups[i].Modes = groups[i].CIModes
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	// A deadline before go test's own, and SIGINT/SIGTERM, stop the run the
+	// way it stops at the end: suite, provider and world (API servers) too.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 40*time.Minute)
 	defer cancel()
 	r, err := Run(ctx, Options{
 		Modes: Modes, Groups: groups, SuiteDir: suites, ProviderBin: provider, OutDir: out,
