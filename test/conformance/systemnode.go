@@ -67,16 +67,17 @@ const KarpenterPodLabel = "app.kubernetes.io/instance"
 const leaseName = "karpenter-leader-election"
 
 type podProcess struct {
-	pod         types.NamespacedName
-	cmd         *exec.Cmd
-	done        chan struct{}
-	healthPort  int
-	restarts    int32
-	started     time.Time
-	stopping    bool
-	stopped     chan struct{} // closed once a requested stop finished
-	holderID    string
-	logFilePath string
+	pod          types.NamespacedName
+	cmd          *exec.Cmd
+	done         chan struct{}
+	healthPort   int
+	restarts     int32
+	started      time.Time
+	stopping     bool
+	stopped      chan struct{} // closed once a requested stop finished
+	holderID     string
+	leaseRenewed time.Time
+	logFilePath  string
 }
 
 func newSystemNode(c client.Client, providerBin, logDir string) *systemNode {
@@ -240,8 +241,13 @@ func (s *systemNode) syncPod(ctx context.Context, pod *corev1.Pod) error {
 			if p.holderID == "" {
 				p.holderID = pod.Name + "_" + rand.String(8)
 			}
-			if err := s.renewLease(ctx, pod.Namespace, leaseName, p.holderID, 15); err != nil {
-				return err
+			// Renewed like controller-runtime's leader election (every 2 s
+			// within a 15 s lease), not at every sync.
+			if time.Since(p.leaseRenewed) > 2*time.Second {
+				if err := s.renewLease(ctx, pod.Namespace, leaseName, p.holderID, 15); err != nil {
+					return err
+				}
+				p.leaseRenewed = time.Now()
 			}
 		}
 	}
