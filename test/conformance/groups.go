@@ -39,9 +39,9 @@ type Group struct {
 	Suite string
 	Name  string
 	Focus string
-	// Skip leaves specs of the group out of a run (ginkgo --skip); the CI
-	// subset sets it to CISkip.
-	Skip string
+	// Skips leave specs of the group out of a run (ginkgo --skip), each a
+	// regular expression over a spec's text; the CI subset adds CISkip.
+	Skips []string
 	// CI marks the groups `make test` runs (the fast ones); CISkip leaves
 	// their slow specs out there (`make conformance` runs them), CIModes
 	// names the modes it runs them in (both when empty).
@@ -73,7 +73,12 @@ func (g Group) Matches(suite, text string) bool {
 	if suite != g.Suite || !regexp.MustCompile(g.Focus).MatchString(text) {
 		return false
 	}
-	return g.Skip == "" || !regexp.MustCompile(g.Skip).MatchString(text)
+	for _, skip := range g.Skips {
+		if regexp.MustCompile(skip).MatchString(text) {
+			return false
+		}
+	}
+	return true
 }
 
 // Groups are every spec of both suites, split by top-level container (the
@@ -121,15 +126,4 @@ func SelectGroups(expr string, ci bool) ([]Group, error) {
 		return nil, fmt.Errorf("no group matches %q", expr)
 	}
 	return out, nil
-}
-
-// joinAlternatives joins two regular expressions with "or".
-func joinAlternatives(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return "(" + a + ")|(" + b + ")"
 }

@@ -92,9 +92,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if len(want) == 0 {
 				continue
 			}
-			for _, re := range skipped {
-				g.Skip = joinAlternatives(g.Skip, re)
-			}
+			g.Skips = append(append([]string(nil), g.Skips...), skipped...)
 			if ctx.Err() != nil {
 				return r, ctx.Err()
 			}
@@ -204,8 +202,8 @@ func runSuite(ctx context.Context, o Options, g Group, gw *groupWorld, dir, repo
 		"-default-nodepool=" + gw.nodePoolFile,
 		"-repair-condition=" + RepairCondition,
 	}
-	if g.Skip != "" {
-		args = append(args, "-ginkgo.skip="+ginkgoFilter(g.Suite, g.Skip))
+	if skip := ginkgoSkip(g); skip != "" {
+		args = append(args, "-ginkgo.skip="+skip)
 	}
 	logFile, err := os.Create(filepath.Join(dir, "suite.log"))
 	if err != nil {
@@ -283,6 +281,15 @@ func ginkgoFilter(suite, expr string) string {
 		return "^" + regexp.QuoteMeta(suiteDescriptions[suite]) + " " + rest
 	}
 	return expr
+}
+
+// ginkgoSkip is the group's --ginkgo.skip: any of its Skips.
+func ginkgoSkip(g Group) string {
+	var alts []string
+	for _, skip := range g.Skips {
+		alts = append(alts, "("+ginkgoFilter(g.Suite, skip)+")")
+	}
+	return strings.Join(alts, "|")
 }
 
 // killGroup interrupts the suite (ginkgo then writes its report), and kills
