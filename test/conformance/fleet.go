@@ -59,12 +59,17 @@ var onDemandPrice = map[string]float64{
 
 const spotDiscount = 0.35
 
+// Zones are the Cluster's failure domains. Four: Karpenter's
+// DefaultTopologySpreadConstraints specs spread four pods over four zones
+// ("no more than the number of zones the provider offers").
+var Zones = []string{"us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"}
+
 // Fleet is what a platform team would make eligible: several families
-// (t, c, m, r, g) and sizes, amd64 and arm64, three zones, spot and
+// (t, c, m, r, g) and sizes, amd64 and arm64, four zones, spot and
 // on-demand, and some MachineDeployments without a failure domain.
 func Fleet() []Offering {
 	var out []Offering
-	zones := world.DefaultZones
+	zones := Zones
 	for _, it := range []string{"c5.large", "c5.xlarge", "m5.large", "m5.xlarge", "m5.2xlarge", "m6g.large", "m6g.xlarge"} {
 		for _, z := range zones {
 			out = append(out, Offering{InstanceType: it, Zone: z})
@@ -188,12 +193,20 @@ var CAPIUninitializedTaint = corev1.Taint{Key: "node.cluster.x-k8s.io/uninitiali
 // bootstrapSecretName is the conformance fleet's bootstrap data Secret.
 func bootstrapSecretName(w *world.World) string { return w.ClusterName + "-conformance-bootstrap" }
 
+// KubeReserved is what the fleet's kubelets reserve for Kubernetes'
+// daemons, about what the EKS AMI reserves on a 2-core node (a kubelet
+// reserves nothing by default). The NodeClass declares the same
+// (spec.kubelet.kubeReserved), so Karpenter computes the allocatable the
+// nodes report.
+var KubeReserved = map[string]string{"cpu": "100m", "memory": "512Mi"}
+
 // createBootstrapSecret writes bootstrap data as CABPK renders it for a
 // Karpenter node: register with Karpenter's unregistered taint and Cluster
-// API's uninitialized taint.
+// API's uninitialized taint, kube-reserved set.
 func createBootstrapSecret(ctx context.Context, w *world.World) error {
 	d := world.DefaultBootstrapData()
 	d.Taints = append(d.Taints, CAPIUninitializedTaint)
+	d.KubeletArgs = map[string]string{"kube-reserved": "cpu=" + KubeReserved["cpu"] + ",memory=" + KubeReserved["memory"]}
 	s, err := world.BootstrapSecret(w.Namespace, bootstrapSecretName(w), w.ClusterName, d)
 	if err != nil {
 		return err
@@ -203,16 +216,17 @@ func createBootstrapSecret(ctx context.Context, w *world.World) error {
 
 // nodeClassManifest is the suites' --default-nodeclass for a mode.
 func nodeClassManifest(mode Mode, w *world.World) string {
+	kubelet := fmt.Sprintf("  kubelet:\n    kubeReserved:\n      cpu: %s\n      memory: %s\n", KubeReserved["cpu"], KubeReserved["memory"])
 	selector := fmt.Sprintf("    matchLabels:\n      %s: \"true\"\n", FleetLabel)
 	if mode == ModeMachineDeployment {
-		return "apiVersion: karpenter.cluster.x-k8s.io/v1alpha1\nkind: ClusterAPINodeClass\nmetadata:\n  name: default\nspec:\n  scalableResourceSelector:\n" + selector
+		return "apiVersion: karpenter.cluster.x-k8s.io/v1alpha1\nkind: ClusterAPINodeClass\nmetadata:\n  name: default\nspec:\n" + kubelet + "  scalableResourceSelector:\n" + selector
 	}
 	return fmt.Sprintf(`apiVersion: karpenter.cluster.x-k8s.io/v1alpha1
 kind: ClusterAPINodeClass
 metadata:
   name: default
 spec:
-  machineTemplate:
+%s  machineTemplate:
     infrastructureTemplates:
       apiGroup: infrastructure.cluster.x-k8s.io
       kind: AWSMachineTemplate
@@ -221,7 +235,7 @@ spec:
           %s: "true"
     bootstrap:
       dataSecretName: %s
-`, FleetLabel, bootstrapSecretName(w))
+`, kubelet, FleetLabel, bootstrapSecretName(w))
 }
 
 // nodePoolManifest is the suites' --default-nodepool: Karpenter's own

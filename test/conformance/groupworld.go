@@ -50,7 +50,7 @@ func startGroupWorld(ctx context.Context, mode Mode, providerBin, dir string) (g
 	if err != nil {
 		return nil, err
 	}
-	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig})
+	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig, Zones: Zones})
 	if err != nil {
 		return nil, err
 	}
