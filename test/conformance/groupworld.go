@@ -28,8 +28,10 @@ const FeatureGates = "StaticCapacity=true,SpotToSpotConsolidation=false,NodeRepa
 
 // RepairCondition is the node condition the Repair specs inject
 // (--repair-condition): node-problem-detector's KernelDeadlock, which the
-// provider repairs after 10 minutes (REPAIR_CONDITIONS); the specs backdate
-// it by a day.
+// provider repairs after 30 s (REPAIR_CONDITIONS). The specs backdate it by
+// a day, but core measures a toleration from no earlier than the node's
+// registration, so it must fit the specs' Eventually timeout (as KWOK's 30 s
+// does); a production setting would be minutes.
 const RepairCondition = "KernelDeadlock=True"
 
 // groupWorld is one group's fresh world: the e2e world, the fleet of the
@@ -141,7 +143,7 @@ func karpenterDeployment(w *world.World) *appsv1.Deployment {
 						Env: []corev1.EnvVar{
 							{Name: "LOG_LEVEL", Value: "debug"},
 							{Name: "FEATURE_GATES", Value: FeatureGates},
-							{Name: "REPAIR_CONDITIONS", Value: RepairCondition + ":10m"},
+							{Name: "REPAIR_CONDITIONS", Value: RepairCondition + ":30s"},
 						},
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 							corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("512Mi"),
