@@ -145,9 +145,26 @@ func runGroup(ctx context.Context, o Options, mode Mode, g Group, want []string,
 		return fail(err)
 	}
 	say("starting a world (hub, spoke, Cluster API, %s fleet, karpenter pod)", mode)
-	startCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	gw, err := startGroupWorld(startCtx, mode, o.ProviderBin, dir)
-	cancel()
+	// A world that does not start (an API server slow to come up on a
+	// loaded machine) is tried again: no spec ran yet.
+	var gw *groupWorld
+	var err error
+	for attempt := 1; attempt <= 3 && ctx.Err() == nil; attempt++ {
+		startCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		gw, err = startGroupWorld(startCtx, mode, o.ProviderBin, dir)
+		cancel()
+		if err == nil {
+			break
+		}
+		say("the world did not start (attempt %d of 3): %v", attempt, firstLine(err.Error()))
+		if attempt < 3 {
+			// The world keeps its directory for the logs of a failed start;
+			// only the last attempt's are worth keeping.
+			if m := keptWorldDir.FindStringSubmatch(err.Error()); m != nil {
+				_ = os.RemoveAll(m[1])
+			}
+		}
+	}
 	if err != nil {
 		return fail(fmt.Errorf("starting the world: %w", err))
 	}
@@ -375,6 +392,14 @@ func checkGrouping(suite string, specs []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// keptWorldDir finds the directory a world that failed to start kept.
+var keptWorldDir = regexp.MustCompile(`logs in (/\S*world-[0-9]+)\)`)
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }
 
 func fmtDuration(d time.Duration) string {
