@@ -68,6 +68,14 @@ soak: ## 30-minute chaos soak with two replicas (SOAK_DURATION, SOAK_SEED)
 soak-short: ## The soak for 10 minutes (nightly-style CI target)
 	$(MAKE) soak SOAK_DURATION=10m
 
+.PHONY: conformance
+# Karpenter's own e2e suites (regression, disruption) against the provider in
+# both modes, one fresh world per group of specs; CONFORMANCE_ARGS narrows it
+# (e.g. -modes machine -groups 'Termination|Drift'). Report in .conformance/.
+conformance: ## Run Karpenter's upstream e2e suites in both modes (hours on 2 cores; see docs/conformance.md)
+	suites="$$(hack/conformance-bins.sh)" && KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CONFORMANCE_SUITES="$$suites" \
+		go run ./cmd/conformance $(CONFORMANCE_ARGS)
+
 .PHONY: bench
 bench: ## All benchmarks as one table + bench-results.json (exit 1 when a target is missed)
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" hack/bench.sh

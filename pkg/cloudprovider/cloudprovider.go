@@ -25,6 +25,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/launch"
+	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
 )
 
 // Name of this cloud provider, as Karpenter reports it.
@@ -43,6 +44,8 @@ type CloudProvider struct {
 	hubBack func(context.Context) error
 	// events records Launched events on NodeClaims (nil: none).
 	events events.Recorder
+	// extraRepair are the repair policies of --repair-conditions.
+	extraRepair []cloudprovider.RepairPolicy
 }
 
 // WaitForHubWith makes Create wait out an unreachable hub, up to
@@ -275,11 +278,26 @@ func (c *CloudProvider) Reboot(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	return cloudprovider.NewNodeRebootNotImplementedError()
 }
 
-// RepairPolicies replaces nodes whose kubelet stopped reporting Ready. The
-// toleration is longer than a MachineHealthCheck's usual timeout so that, when
-// both watch the same Machines, Cluster API remediates first (see docs).
+// RepairAlso adds node conditions to the repair policies
+// (--repair-conditions): Karpenter replaces a node once one held for its
+// toleration.
+func (c *CloudProvider) RepairAlso(conditions []options.RepairCondition) {
+	for _, rc := range conditions {
+		c.extraRepair = append(c.extraRepair, cloudprovider.RepairPolicy{
+			// Any reason: core allows one policy without a reason regex
+			// (the default fallback), the first Ready policy.
+			ConditionType: rc.Type, ConditionStatus: rc.Status, ReasonRegex: ".*",
+			TolerationDuration: rc.Toleration, Action: cloudprovider.ReplaceNode,
+		})
+	}
+}
+
+// RepairPolicies replaces nodes whose kubelet stopped reporting Ready, and
+// those with a condition of --repair-conditions. The Ready toleration is
+// longer than a MachineHealthCheck's usual timeout so that, when both watch
+// the same Machines, Cluster API remediates first (see docs).
 func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy {
-	return []cloudprovider.RepairPolicy{
+	return append([]cloudprovider.RepairPolicy{
 		{ // the single default fallback of the set
 			ConditionType: corev1.NodeReady, ConditionStatus: corev1.ConditionFalse,
 			TolerationDuration: 30 * time.Minute, Action: cloudprovider.ReplaceNode,
@@ -288,7 +306,7 @@ func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy {
 			ConditionType: corev1.NodeReady, ConditionStatus: corev1.ConditionUnknown, ReasonRegex: ".*",
 			TolerationDuration: 30 * time.Minute, Action: cloudprovider.ReplaceNode,
 		},
-	}
+	}, c.extraRepair...)
 }
 
 // Name of the cloud provider.

@@ -142,6 +142,9 @@ func (o *Operator) Run(ctx context.Context) {
 	undecorated := cloudprovider.New(o.GetClient(), managed, machines, mdProvider.Mode(), mProvider.Mode())
 	undecorated.WaitForHubWith(o.Hub.Reachability.Wait)
 	undecorated.RecordEventsWith(o.EventRecorder)
+	if opts := options.FromContext(ctx); opts != nil {
+		undecorated.RepairAlso(opts.RepairConditions)
+	}
 	cloudProvider := overlay.Decorate(undecorated, o.GetClient(), o.InstanceTypeStore)
 	undecorated.UsePricesFrom(cloudProvider)
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))

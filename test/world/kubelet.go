@@ -51,7 +51,9 @@ const (
 //   - posts Ready and heartbeats, renews the Node Lease, and removes the
 //     node.kubernetes.io/not-ready taint TaintNodesByCondition admission adds;
 //   - runs the Pods bound to its Nodes (Running, Ready, podIP) and finishes
-//     terminating ones at once (delete with grace period 0);
+//     terminating ones as a kubelet does: a Pod stays Running and Ready while
+//     its preStop hooks run, within its termination grace period, and is
+//     deleted for good once its containers stopped (terminationDone);
 //   - deletes the Node when the instance is terminated (the CCM's node
 //     lifecycle controller).
 type simKubelet struct {
@@ -61,8 +63,11 @@ type simKubelet struct {
 
 	mu         sync.Mutex
 	registered map[string]bool // Node names registered once
-	nextPodIP  int
-	events     chan event.GenericEvent
+	// terminating is when the kubelet first saw each deleted Pod: its
+	// termination (preStop hooks, grace period) starts then.
+	terminating map[types.UID]time.Time
+	nextPodIP   int
+	events      chan event.GenericEvent
 }
 
 // instanceSource is the cloud whose instances the simulated kubelet runs:
@@ -73,7 +78,7 @@ type instanceSource interface {
 }
 
 func newSimKubelet(aws instanceSource, cluster types.NamespacedName) *simKubelet {
-	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, events: make(chan event.GenericEvent, 4096)}
+	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, terminating: map[types.UID]time.Time{}, events: make(chan event.GenericEvent, 4096)}
 	aws.onInstanceChange(func(host string) {
 		k.events <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host}}}
 	})
@@ -285,11 +290,22 @@ func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Insta
 		}
 		conds = append(conds, nc)
 	}
+	// Conditions others own (node-problem-detector, a test injecting a
+	// fault) are kept, as the kubelet only updates its own.
+	for _, c := range node.Status.Conditions {
+		switch c.Type {
+		case corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure, corev1.NodeReady:
+		default:
+			conds = append(conds, c)
+		}
+	}
 	desired.Conditions = conds
 	if equalJSON(desired, &node.Status) {
 		return nil
 	}
-	patch := client.MergeFrom(node.DeepCopy())
+	// The optimistic lock keeps a condition someone adds meanwhile: the
+	// conditions list is replaced as a whole.
+	patch := client.MergeFromWithOptions(node.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	node.Status = *desired
 	return client.IgnoreNotFound(k.client.Status().Patch(ctx, node, patch))
 }
@@ -360,8 +376,17 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 		return reconcile.Result{}, nil
 	}
 	if !pod.DeletionTimestamp.IsZero() {
-		// The containers are stopped at once; the kubelet then deletes the Pod for good.
+		// The kubelet runs the preStop hooks, then stops the containers, and
+		// deletes the Pod for good once they exited (see terminationDone).
+		if wait := time.Until(terminationDone(pod, k.terminationStart(pod.UID))); wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
 		err := k.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+		if err == nil || apierrors.IsNotFound(err) {
+			k.mu.Lock()
+			delete(k.terminating, pod.UID)
+			k.mu.Unlock()
+		}
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			return reconcile.Result{}, nil
 		}
@@ -420,6 +445,18 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, nil
+}
+
+// terminationStart is when the kubelet first saw the Pod deleted.
+func (k *simKubelet) terminationStart(uid types.UID) time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	t, ok := k.terminating[uid]
+	if !ok {
+		t = time.Now()
+		k.terminating[uid] = t
+	}
+	return t
 }
 
 func podRunningAndReady(p *corev1.Pod) bool {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 )
 
 // process is a component binary run as a subprocess in its own process group.
@@ -107,22 +108,29 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 	if err != nil {
 		return err
 	}
-	wc.scheduler, err = startProcess("kube-scheduler"+wc.logSuffix, schedBin, []string{
-		"--kubeconfig=" + wc.SpokeKubeconfig,
-		"--leader-elect=false",
-		"--secure-port=0",
-		"--v=2",
-	}, filepath.Join(w.Dir, "kube-scheduler"+wc.logSuffix+".log"))
+	schedArgs := []string{"--kubeconfig=" + wc.SpokeKubeconfig, "--leader-elect=false", "--secure-port=0", "--v=2"}
+	if len(w.schedulerConfig) > 0 && wc.Spoke == w.Spoke {
+		path, err := w.writeSchedulerConfig(wc.SpokeKubeconfig)
+		if err != nil {
+			return err
+		}
+		// With --config, kube-scheduler takes the connection and leader
+		// election from the file, not from the flags.
+		schedArgs = []string{"--config=" + path, "--secure-port=0", "--v=2"}
+	}
+	wc.scheduler, err = startProcess("kube-scheduler"+wc.logSuffix, schedBin, schedArgs,
+		filepath.Join(w.Dir, "kube-scheduler"+wc.logSuffix+".log"))
 	if err != nil {
 		return err
 	}
-	// Controllers: Deployments and ReplicaSets, garbage collection (owner
-	// references, e.g. ReplicaSets of deleted Deployments) and pod GC (Pods of
-	// deleted Nodes). No node-lifecycle controller: the simulated kubelet
+	// Controllers: Deployments, ReplicaSets and DaemonSets, garbage
+	// collection (owner references, e.g. ReplicaSets of deleted Deployments),
+	// pod GC (Pods of deleted Nodes) and disruption (PodDisruptionBudget
+	// status, without which every eviction is refused). No node-lifecycle controller: the simulated kubelet
 	// plays its part (not-ready taint removal, Node deletion via the CCM).
 	wc.controllerManager, err = startProcess("kube-controller-manager"+wc.logSuffix, kcmBin, []string{
 		"--kubeconfig=" + wc.SpokeKubeconfig,
-		"--controllers=deployment,replicaset,garbagecollector,podgc,disruption",
+		"--controllers=deployment,replicaset,daemonset,garbagecollector,podgc,disruption",
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
@@ -133,6 +141,28 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 		return err
 	}
 	return wc.waitSpokeComponents(ctx)
+}
+
+// writeSchedulerConfig writes Options.KubeSchedulerConfig with the spoke's
+// kubeconfig and leader election off, and returns its path.
+func (w *World) writeSchedulerConfig(kubeconfig string) (string, error) {
+	cfg := map[string]any{}
+	if err := yaml.Unmarshal(w.schedulerConfig, &cfg); err != nil {
+		return "", fmt.Errorf("KubeSchedulerConfig: %w", err)
+	}
+	conn, _ := cfg["clientConnection"].(map[string]any)
+	if conn == nil {
+		conn = map[string]any{}
+	}
+	conn["kubeconfig"] = kubeconfig
+	cfg["clientConnection"] = conn
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(w.Dir, "kube-scheduler-config.yaml")
+	return path, os.WriteFile(path, data, 0o644)
 }
 
 const systemNamespace = "world-system"

@@ -7,7 +7,7 @@
 //     Machine, MachineSet, MachineDeployment, MachineHealthCheck,
 //     MachineDrainRule), wired as Cluster API's core/main.go wires them;
 //   - a spoke (workload cluster) API server with the real kube-scheduler and
-//     kube-controller-manager (deployment, replicaset, garbagecollector, podgc,
+//     kube-controller-manager (deployment, replicaset, daemonset, garbagecollector, podgc,
 //     disruption: PodDisruptionBudget status);
 //   - SimAWS, a simulated EC2 behind CAPA's AWSCluster, AWSMachine and
 //     AWSMachineTemplate objects (CAPA v1beta2 types, v1beta1 infra contract);
@@ -125,6 +125,11 @@ type Options struct {
 	// simulated EC2 (World.EC2) instead of SimAWS (World.AWS is then nil).
 	// See CAPAOptions. One Cluster only: AddCluster is not supported.
 	CAPA *CAPAOptions
+	// KubeSchedulerConfig, when set, is a KubeSchedulerConfiguration (YAML)
+	// the first spoke's kube-scheduler runs with (--config), for extra
+	// profiles; its clientConnection.kubeconfig and leader election are the
+	// world's.
+	KubeSchedulerConfig []byte
 }
 
 // AuditedGroup is the group whose users' requests the hub's API server
@@ -166,8 +171,10 @@ type World struct {
 	// clusters are the Clusters with their spokes, the first one first.
 	clusters []*WorkloadCluster
 	logFile  *os.File
-	stopOnce sync.Once
-	stopErr  error
+	// schedulerConfig is Options.KubeSchedulerConfig.
+	schedulerConfig []byte
+	stopOnce        sync.Once
+	stopErr         error
 }
 
 // WorkloadCluster is a Cluster of the world, in the world's Namespace, and
@@ -208,7 +215,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		return nil, err
 	}
 	w = &World{
-		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName,
+		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName, schedulerConfig: o.KubeSchedulerConfig,
 		BootstrapSecretName: o.ClusterName + "-bootstrap",
 		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
 	}

@@ -259,6 +259,8 @@ func testLifecycle(ctx context.Context, t *testing.T, w *world.World) {
 			fmt.Sprintf("%d pods, %d running, deployment available %d", len(pods.Items), running, deploy.Status.AvailableReplicas), nil
 	})
 	t.Logf("Deployment available %s after creation", time.Since(podsStart).Round(100*time.Millisecond))
+	testDaemonSet(ctx, t, w, 3)
+	testPodTermination(ctx, t, w, nodes[0].Name)
 
 	// Scale to zero: Cluster API drains and deletes the Machines, the
 	// simulated AWS terminates the instances, the Nodes go away.

@@ -62,6 +62,11 @@ type Options struct {
 	// core's settings (DISABLE_LEADER_ELECTION, LEADER_ELECTION_NAME,
 	// LEADER_ELECTION_NAMESPACE); the timings are ours.
 	LeaderElection leader.Settings
+	// RepairConditions are node conditions, besides Ready, that make
+	// Karpenter replace a node once they held for their toleration.
+	RepairConditions []RepairCondition
+
+	repairConditionsRaw string
 }
 
 // AddFlags registers the flags in core's flag set.
@@ -84,6 +89,8 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"How long the leader keeps trying to renew its lease before it gives up and exits (an API server outage longer than this restarts the leader).")
 	fs.DurationVar(&o.LeaderElection.RetryPeriod, FlagRetryPeriod, env.WithDefaultDuration("LEADER_ELECTION_RETRY_PERIOD", leader.DefaultRetryPeriod),
 		"How often the leader renews its lease and standbys try to take it: one lease write per period by the leader, one read per standby.")
+	fs.StringVar(&o.repairConditionsRaw, FlagRepairConditions, env.WithDefaultString("REPAIR_CONDITIONS", ""),
+		"Node conditions, besides Ready, that make Karpenter replace a node once they held for a while (feature gate NodeRepair): <type>=<status>:<toleration>,... e.g. KernelDeadlock=True:10m.")
 }
 
 // Parse parses the arguments and validates the result.
@@ -117,6 +124,11 @@ func (o *Options) Validate() error {
 	if err := o.LeaderElection.Validate(); err != nil {
 		return err
 	}
+	conditions, err := ParseRepairConditions(o.repairConditionsRaw)
+	if err != nil {
+		return err
+	}
+	o.RepairConditions = conditions
 	if o.UnavailableTTL <= 0 {
 		return fmt.Errorf("--%s (UNAVAILABLE_OFFERINGS_TTL): %s is not a positive duration", FlagUnavailableTTL, o.UnavailableTTL)
 	}

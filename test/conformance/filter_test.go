@@ -1,0 +1,57 @@
+package conformance
+
+import (
+	"regexp"
+	"testing"
+)
+
+// TestGinkgoFilters: what the runner hands ginkgo selects the same specs as
+// Group.Matches, given that ginkgo matches "<suite description> <spec text>".
+func TestGinkgoFilters(t *testing.T) {
+	termination, ok := groupByID("disruption/Termination")
+	if !ok {
+		t.Fatal("no disruption/Termination group")
+	}
+	termination.Skips = []string{termination.CISkip, "^" + regexp.QuoteMeta("Termination should terminate an empty node") + "$"}
+	nodeClaim, _ := groupByID("regression/StandaloneNodeClaim")
+	for _, c := range []struct {
+		g    Group
+		text string
+	}{
+		{termination, "Termination should terminate the node and the instance on deletion"},
+		{termination, "Termination should drain pods on a node in order"},
+		{termination, "Termination Emptiness Budgets should not allow emptiness if the budget is fully blocking"},
+		{termination, "Termination should terminate an empty node"},
+		{termination, "Expiration should expire the node after the expiration is reached"},
+		{nodeClaim, "NodeClaim StandaloneNodeClaim should create a standard NodeClaim"},
+		{nodeClaim, "Integration Validation NodePool should error when a restricted label is used in labels (karpenter.sh/nodepool)"},
+	} {
+		full := suiteDescriptions[c.g.Suite] + " " + c.text
+		runs := regexp.MustCompile(ginkgoFilter(c.g.Suite, c.g.Focus)).MatchString(full)
+		if skip := ginkgoSkip(c.g); skip != "" && regexp.MustCompile(skip).MatchString(full) {
+			runs = false
+		}
+		if want := c.g.Matches(c.g.Suite, c.text); runs != want {
+			t.Errorf("%s: ginkgo runs %q: %t, Group.Matches: %t", c.g.ID(), c.text, runs, want)
+		}
+	}
+	if !termination.Matches("disruption", "Termination should terminate the node and the instance on deletion") ||
+		termination.Matches("disruption", "Termination should drain pods on a node in order") ||
+		termination.Matches("disruption", "Termination should terminate an empty node") {
+		t.Error("the Termination CI subset is not what CISkip says")
+	}
+	for _, na := range NotApplicable {
+		if na.Reason == "" {
+			t.Errorf("%s: no reason", na.Spec)
+		}
+	}
+}
+
+func groupByID(id string) (Group, bool) {
+	for _, g := range Groups {
+		if g.ID() == id {
+			return g, true
+		}
+	}
+	return Group{}, false
+}

@@ -1,0 +1,129 @@
+package conformance
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Mode is how the default NodeClass gets its nodes.
+type Mode string
+
+// The provider's two modes.
+const (
+	ModeMachineDeployment Mode = "machinedeployment"
+	ModeMachine           Mode = "machine"
+)
+
+// Modes lists both modes, MachineDeployment mode first.
+var Modes = []Mode{ModeMachineDeployment, ModeMachine}
+
+// ParseMode accepts a mode's name.
+func ParseMode(s string) (Mode, error) {
+	for _, m := range Modes {
+		if string(m) == strings.ToLower(s) {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown mode %q (want %s or %s)", s, ModeMachineDeployment, ModeMachine)
+}
+
+// Suites are the suites of the karpenter module that conformance runs.
+var Suites = []string{"regression", "disruption"}
+
+// Group is a set of specs of one suite run against one fresh world, so a
+// failure does not cascade into the next group. Focus is matched against a
+// spec's full text (its containers' texts and its own, space-separated), as
+// ginkgo's --focus is; an Ordered container must stay in one group.
+type Group struct {
+	Suite string
+	Name  string
+	Focus string
+	// Skips leave specs of the group out of a run (ginkgo --skip), each a
+	// regular expression over a spec's text; the CI subset adds CISkip.
+	Skips []string
+	// CI marks the groups `make test` runs (the fast ones); CISkip leaves
+	// their slow specs out there (`make conformance` runs them), CIModes
+	// names the modes it runs them in (both when empty).
+	CI      bool
+	CISkip  string
+	CIModes []Mode
+	// Modes limits the modes the group runs in (both when empty).
+	Modes []Mode
+}
+
+// RunsIn reports whether the group runs in a mode.
+func (g Group) RunsIn(m Mode) bool {
+	if len(g.Modes) == 0 {
+		return true
+	}
+	for _, x := range g.Modes {
+		if x == m {
+			return true
+		}
+	}
+	return false
+}
+
+// ID is suite/name.
+func (g Group) ID() string { return g.Suite + "/" + g.Name }
+
+// Matches reports whether the group runs a spec of its suite.
+func (g Group) Matches(suite, text string) bool {
+	if suite != g.Suite || !regexp.MustCompile(g.Focus).MatchString(text) {
+		return false
+	}
+	for _, skip := range g.Skips {
+		if regexp.MustCompile(skip).MatchString(text) {
+			return false
+		}
+	}
+	return true
+}
+
+// Groups are every spec of both suites, split by top-level container (the
+// regression suite's Integration container by its children).
+var Groups = []Group{
+	// NodePool validation and hashing do not depend on the mode: CI runs them once.
+	{Suite: "regression", Name: "Validation", Focus: `^Integration Validation `, CI: true, CIModes: []Mode{ModeMachineDeployment}},
+	{Suite: "regression", Name: "CRDHash", Focus: `^Integration CRD Hash `, CI: true, CIModes: []Mode{ModeMachineDeployment}},
+	{Suite: "regression", Name: "DaemonSet", Focus: `^Integration DaemonSet `},
+	{Suite: "regression", Name: "Utilization", Focus: `^Integration Utilization `},
+	{Suite: "regression", Name: "DoNotDisrupt", Focus: `^Integration DoNotDisrupt `},
+	{Suite: "regression", Name: "StandaloneNodeClaim", Focus: `^NodeClaim StandaloneNodeClaim `, CI: true},
+	{Suite: "regression", Name: "StaticCapacity", Focus: `^StaticCapacity `},
+	{Suite: "regression", Name: "CapacityBuffer", Focus: `^CapacityBuffer `},
+	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `},
+	{Suite: "regression", Name: "Performance", Focus: `^Performance `},
+	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `},
+	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, CI: true, CIModes: []Mode{ModeMachine},
+		// Budgets, grace periods and drain order wait minutes each (9.5 min for the group).
+		CISkip: `Emptiness|TerminationGracePeriod|in order`},
+	{Suite: "disruption", Name: "Expiration", Focus: `^Expiration `},
+	{Suite: "disruption", Name: "Drift", Focus: `^Drift `},
+	{Suite: "disruption", Name: "Repair", Focus: `^Repair `},
+	{Suite: "disruption", Name: "Reboot", Focus: `^Reboot `},
+	{Suite: "disruption", Name: "TerminateFirst", Focus: `^TerminateFirst `},
+}
+
+// SelectGroups returns the groups whose ID or name matches the regular
+// expression (all when empty), only the CI ones when ci is set.
+func SelectGroups(expr string, ci bool) ([]Group, error) {
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		return nil, fmt.Errorf("groups: %w", err)
+	}
+	var out []Group
+	for _, g := range Groups {
+		if ci && !g.CI {
+			continue
+		}
+		if expr == "" || re.MatchString(g.ID()) {
+			out = append(out, g)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no group matches %q", expr)
+	}
+	return out, nil
+}

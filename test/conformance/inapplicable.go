@@ -1,0 +1,51 @@
+package conformance
+
+import "regexp"
+
+// Inapplicable is a spec that cannot pass against Cluster API, with the
+// reason. The runner does not run it and reports it skipped with the
+// reason; docs/conformance.md lists them. "It is slow" or "it flakes" is
+// never a reason: fix the product or the world instead.
+type Inapplicable struct {
+	Suite string
+	// Spec is a regular expression over the spec's full text.
+	Spec string
+	// Modes it cannot pass in (both when empty).
+	Modes  []Mode
+	Reason string
+}
+
+// registrationReason: the suites block a node's registration with an
+// admission policy that rejects creating a Node labelled registration=fail,
+// a label they put on the NodeClaim (or the NodePool's template). A real
+// cloud provider hands the NodeClaim's labels to the kubelet (--node-labels
+// in the user data), so the Node is created with it and refused.
+const registrationReason = "needs the NodeClaim's labels on the kubelet's command line: a MachineDeployment's " +
+	"Machines share its bootstrap template, and a Machine-mode NodeClass's bootstrap data Secret is shared " +
+	"too, so the Node registers without the label (Karpenter adds it after registration) and the suite's " +
+	"admission policy never blocks it"
+
+// NotApplicable lists the specs that cannot pass here.
+var NotApplicable = []Inapplicable{
+	{Suite: "regression", Spec: `^NodeClaim StandaloneNodeClaim should delete a NodeClaim after the registration timeout when the node doesn't register$`, Reason: registrationReason},
+	{Suite: "regression", Spec: `^NodeClaim StandaloneNodeClaim should succeed to garbage collect an Instance that was launched by a NodeClaim but has no Instance mapping$`, Reason: registrationReason},
+	{Suite: "disruption", Spec: `^Drift Failure should not disrupt a drifted node if the replacement node never registers$`, Reason: registrationReason},
+}
+
+// notApplicable returns the reason a spec cannot pass in a mode.
+func notApplicable(suite, text string, mode Mode) (string, bool) {
+	for _, na := range NotApplicable {
+		if na.Suite != suite || !regexp.MustCompile(na.Spec).MatchString(text) {
+			continue
+		}
+		if len(na.Modes) == 0 {
+			return na.Reason, true
+		}
+		for _, m := range na.Modes {
+			if m == mode {
+				return na.Reason, true
+			}
+		}
+	}
+	return "", false
+}
