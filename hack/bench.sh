@@ -6,6 +6,7 @@
 #   test/bench (real API server, 10,000 Machines, 500 MachineDeployments):
 #     Get, List, GetInstanceTypes (+ after a change), resident memory
 #   test/e2e (the end-to-end world): launch latency, burst of 200 NodeClaims,
+#     fallback with 3 of 4 offerings exhausted (both modes),
 #     and side by side with Karpenter's own kwok provider (BenchmarkSideBySide:
 #     kwok, MachineDeployment mode, Machine mode; N = 100 and 500 pods by
 #     default, BENCH_N to change), each figure with its ratio to kwok
@@ -33,7 +34,7 @@ go test -run '^$' -bench . -benchtime 2s -timeout 30m ./test/bench/ 2>&1 | tee "
 
 # One world and provider each: the launch latency histogram is the provider
 # process's, and the burst would otherwise load the latency run's world.
-for b in LaunchLatency Burst200; do
+for b in LaunchLatency Burst200 Fallback; do
 	echo "== test/e2e ($b) =="
 	go test -run '^$' -bench "^Benchmark$b\$" -benchtime 1x -timeout 30m ./test/e2e/ 2>&1 | tee -a "$out/e2e.txt"
 	[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: test/e2e $b failed" >&2; failed=1; }
@@ -98,6 +99,8 @@ END {
 	fig("N=100: all pods Running, Machine mode / kwok",         "SideBySide|machine-100-total/kwok",  1,       "",     "<=", 1.2)
 	fig("N=500: all pods Running, MachineDeployment mode / kwok", "SideBySide|machinedeployment-500-total/kwok", 1, "", "", "")
 	fig("N=500: all pods Running, Machine mode / kwok",         "SideBySide|machine-500-total/kwok",  1,       "",     "",   "")
+	fig("fallback, 3 of 4 offerings exhausted, MachineDeployment mode: extra time", "Fallback|machinedeployment-fallback-extra-s", 1, "s", "<=", 10)
+	fig("fallback, 3 of 4 offerings exhausted, Machine mode: extra time", "Fallback|machine-fallback-extra-s", 1, "s", "<=", 10)
 	fig("resident memory (VmRSS), 10,000 Machines",             "ResidentMemory10k|rss-MiB",          1,       "MiB",  "<=", 300)
 	fig("peak resident memory (VmHWM), 10,000 Machines",        "ResidentMemory10k|peak-rss-MiB",     1,       "MiB",  "",   "")
 
