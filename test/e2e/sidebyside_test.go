@@ -188,7 +188,7 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 
 	start := time.Now()
 	d := deployment(tb, pool, app, int32(o.N), "1500m")
-	timeout := max(5*time.Minute, time.Duration(o.N)*2*time.Second)
+	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
 	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) { return tl.count("pod-running") >= o.N, nil }); err != nil {
 		close(profDone)
 		tb.Fatalf("%s: %d pods: %v; running %d, nodeclaims %d, nodes %d, machines %d (log %s)", c.name, o.N, err,
