@@ -19,7 +19,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -38,9 +37,6 @@ const (
 	// NodeStatusReportInterval is how often the simulated kubelet refreshes
 	// the Ready condition's lastHeartbeatTime when nothing changed.
 	NodeStatusReportInterval = time.Minute
-
-	// simKubeletWorkers reconcile Nodes (and Pods) in parallel.
-	simKubeletWorkers = 4
 
 	notReadyTaintKey = "node.kubernetes.io/not-ready"
 	nodeLeaseNS      = "kube-node-lease"
@@ -89,17 +85,13 @@ func (k *simKubelet) instance(host string) (Instance, bool) {
 
 func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
 	k.client = mgr.GetClient()
-	// Every Node has a kubelet of its own: a few workers keep one slow
-	// Node (or a burst of hundreds) from delaying the others' status and
-	// Pods, which would inflate every launch the world measures.
-	workers := controller.Options{MaxConcurrentReconciles: simKubeletWorkers}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-node").WithOptions(workers).
+	if err := ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-node").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(simulatedNode))).
 		WatchesRawSource(source.Channel(k.events, &handler.EnqueueRequestForObject{})).
 		Complete(reconcile.Func(k.reconcileNode)); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-pod").WithOptions(workers).
+	return ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-pod").
 		For(&corev1.Pod{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			p, ok := o.(*corev1.Pod)
 			return ok && p.Spec.NodeName != ""
