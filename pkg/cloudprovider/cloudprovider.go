@@ -199,16 +199,14 @@ func (c *CloudProvider) Get(ctx context.Context, providerID string) (*karpv1.Nod
 	if m == nil {
 		return nil, cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no Karpenter-managed Machine has providerID %s", providerID))
 	}
-	return c.toNodeClaim(m, providerID), nil
+	return c.toNodeClaim(m), nil
 }
 
-// List returns a NodeClaim for every Karpenter-managed Machine with a
-// providerID: its own, or its infrastructure machine's until Cluster API
-// copies it (a launch returns that one; see hub.ManagedMachines).
+// List returns a NodeClaim for every Karpenter-managed Machine with a providerID.
 func (c *CloudProvider) List(ctx context.Context) ([]*karpv1.NodeClaim, error) {
 	out := make([]*karpv1.NodeClaim, 0, c.managed.Len())
-	if err := c.managed.List(func(id string, m *clusterv1.Machine) {
-		out = append(out, c.toNodeClaim(m, id))
+	if err := c.managed.List(func(m *clusterv1.Machine) {
+		out = append(out, c.toNodeClaim(m))
 	}); err != nil {
 		return nil, fmt.Errorf("listing Machines: %w", err)
 	}

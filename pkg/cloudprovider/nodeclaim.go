@@ -12,21 +12,17 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 )
 
-// toNodeClaim describes a Machine known by providerID as a NodeClaim (the
-// providerID is the Machine's own, or its infrastructure machine's before
-// Cluster API copies it), with the labels and
+// toNodeClaim describes a Machine as a NodeClaim, with the labels and
 // resources of what its mode launched it from. Labels and resources are
 // shared with the mode's caches: callers must not modify them (core's Get
 // and List callers only read).
-func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine, providerID string) *karpv1.NodeClaim {
+func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine) *karpv1.NodeClaim {
 	var src instancetype.Source
 	known := false
 	if mode := c.modeOf(m); mode != nil {
 		src, known = mode.Describe(m)
 	}
-	nc := c.nodeClaimOf(m, src, known)
-	nc.Status.ProviderID = providerID
-	return nc
+	return c.nodeClaimOf(m, src, known)
 }
 
 // nodeClaimOf describes a Machine launched from src (when known).

@@ -57,13 +57,6 @@ func (l *Lookup) Bound(ctx context.Context, claim string) (*clusterv1.Machine, e
 	return leaving, nil
 }
 
-// ProviderIDOf returns a managed Machine's providerID, its infrastructure
-// machine's until Cluster API copies it (see ManagedMachines).
-func (l *Lookup) ProviderIDOf(m *clusterv1.Machine) string { return l.managed.ProviderIDOf(m) }
-
-// OnEarlyProviderID: see ManagedMachines.OnEarlyProviderID.
-func (l *Lookup) OnEarlyProviderID(notify func(claim string)) { l.managed.OnEarlyProviderID(notify) }
-
 // ByProviderID returns the Karpenter-managed Machine with this providerID,
 // or nil. The Machine is the informer's: do not modify it.
 func (l *Lookup) ByProviderID(providerID string) (*clusterv1.Machine, error) {

@@ -84,7 +84,6 @@ func NewProvider(ctx context.Context, h *hub.Hub, machines *hub.Lookup, catalogu
 	if _, err := informer.AddEventHandler(p.wakeHandler()); err != nil {
 		return nil, fmt.Errorf("watching Machines: %w", err)
 	}
-	machines.OnEarlyProviderID(p.waiters.Notify)
 	return p, nil
 }
 
@@ -416,12 +415,7 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 			p.waiters.Forget(claim, ch)
 			return nil, fmt.Errorf("Machine %s for NodeClaim %s is being deleted", key, claim)
 		}
-		// The instance exists (pending) once the infrastructure machine has
-		// a providerID: return it then, not when Cluster API copies it after
-		// the boot (core plans nothing new while a launch is open).
-		if id := p.machines.ProviderIDOf(m); id != "" {
-			m = m.DeepCopy()
-			m.Spec.ProviderID = id
+		if m.Spec.ProviderID != "" {
 			p.waiters.Forget(claim, ch)
 			if !wokeAt.IsZero() {
 				metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())

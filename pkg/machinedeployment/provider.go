@@ -65,7 +65,7 @@ type Provider struct {
 
 // NewProvider returns the MachineDeployment mode provider.
 func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store, unavailable *launch.Unavailable) *Provider {
-	p := &Provider{
+	return &Provider{
 		hub:         h,
 		unavailable: unavailable,
 		machines:    hub.NewLookup(h, managed),
@@ -77,9 +77,6 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		now:         time.Now,
 		after:       time.After,
 	}
-	// A launch returns once the infrastructure machine has a providerID.
-	managed.OnEarlyProviderID(p.waiters.Notify)
-	return p
 }
 
 // SetClock replaces the provider's clock (tests).
@@ -212,11 +209,7 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				p.waiters.Forget(claim, ch)
 				return nil, fmt.Errorf("Machine %s/%s bound to NodeClaim %s is being deleted", m.Namespace, m.Name, claim)
 			}
-			// The instance exists (pending) once the infrastructure machine
-			// has a providerID: return it then, not when Cluster API copies it
-			// after the boot (core plans nothing new while a launch is open).
-			if id := p.machines.ProviderIDOf(m); id != "" {
-				m.Spec.ProviderID = id // m is a copy from the cache
+			if m.Spec.ProviderID != "" {
 				p.waiters.Forget(claim, ch)
 				p.inflight.Delete(claim)
 				if !wokeAt.IsZero() {
