@@ -18,10 +18,13 @@ import (
 // busier machine (CI's 2 shared cores) moves both sides alike; writes per
 // node are absolute (they do not depend on the machine).
 type speedBaseline struct {
-	Release    string  `json:"release"`
-	MeasuredOn string  `json:"measured_on"`
-	N          int     `json:"n"`
-	DelayS     float64 `json:"infra_delay_s"`
+	Release string `json:"release"`
+	// Provisional marks figures not measured on a quiet 2-core machine at a
+	// release (none has been made yet): slowdowns are reported, not failed.
+	Provisional bool    `json:"provisional,omitempty"`
+	MeasuredOn  string  `json:"measured_on"`
+	N           int     `json:"n"`
+	DelayS      float64 `json:"infra_delay_s"`
 	// Contender -> figure -> value.
 	Figures map[string]map[string]float64 `json:"figures"`
 }
@@ -48,8 +51,11 @@ func keyFigures(r, kwok runResult) map[string]float64 {
 // Scale-down and CPU are printed, not checked (core's disruption polling
 // makes a 50-node scale-down vary by a round).
 //
-// BENCH_WRITE_BASELINE=<release> writes the measured figures as the new
-// baseline instead (at a release, on a 2-core machine).
+// The exact counts (N NodeClaims, Nodes and Machines at the peak, never
+// more) are checked in every run. BENCH_WRITE_BASELINE=<release> writes the
+// measured figures as the new baseline instead (at a release, on a quiet
+// 2-core machine); until then the baseline is provisional and a slowdown is
+// reported, not failed.
 func TestSpeedAgainstKWOK(t *testing.T) {
 	path := filepath.Join(environment.RepoRoot(), baselinePath)
 	var base speedBaseline
@@ -72,6 +78,7 @@ func TestSpeedAgainstKWOK(t *testing.T) {
 		}
 	}
 	if release := os.Getenv("BENCH_WRITE_BASELINE"); release != "" {
+		base.Provisional = false
 		base.Release, base.MeasuredOn, base.Figures = release, fmt.Sprintf("%s, load %s", time.Now().UTC().Format(time.DateOnly), kwok.LoadAvg), measured
 		out, err := json.MarshalIndent(base, "", "  ")
 		if err != nil {
@@ -96,6 +103,10 @@ func TestSpeedAgainstKWOK(t *testing.T) {
 				t.Logf("%s %s: %.2f, baseline %.2f", contender, name, got, want)
 			}
 		}
+	}
+	if len(slower) > 0 && base.Provisional {
+		t.Logf("the baseline is provisional (%s): not failing on these:\n  %s", base.MeasuredOn, strings.Join(slower, "\n  "))
+		return
 	}
 	if len(slower) > 0 {
 		t.Errorf("slower than the baseline of %s (%s) by more than %.0f %%:\n  %s",
