@@ -80,6 +80,10 @@ conformance: ## Run Karpenter's upstream e2e suites in both modes (hours on 2 co
 bench: ## All benchmarks as one table + bench-results.json (exit 1 when a target is missed)
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" hack/bench.sh
 
+.PHONY: bench-1000
+bench-1000: ## Burst to 1,000 single-pod nodes and back to 0 per contender, with CPU profiles (heavy: a quiet machine)
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" hack/bench-1000.sh
+
 .PHONY: generate
 generate: ## Generate deepcopy, CRDs and RBAC
 	$(TOOLS) controller-gen object paths=./pkg/apis/...

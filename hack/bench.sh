@@ -5,7 +5,11 @@
 #
 #   test/bench (real API server, 10,000 Machines, 500 MachineDeployments):
 #     Get, List, GetInstanceTypes (+ after a change), resident memory
-#   test/e2e (the end-to-end world): launch latency, burst of 200 NodeClaims
+#   test/e2e (the end-to-end world): launch latency, burst of 200 NodeClaims,
+#     fallback with 3 of 4 offerings exhausted (both modes),
+#     and side by side with Karpenter's own kwok provider (BenchmarkSideBySide:
+#     kwok, MachineDeployment mode, Machine mode; N = 100 and 500 pods by
+#     default, BENCH_N to change), each figure with its ratio to kwok
 #
 # Exit status: 1 when a benchmark run failed or a target was missed.
 set -uo pipefail
@@ -30,17 +34,21 @@ go test -run '^$' -bench . -benchtime 2s -timeout 30m ./test/bench/ 2>&1 | tee "
 
 # One world and provider each: the launch latency histogram is the provider
 # process's, and the burst would otherwise load the latency run's world.
-for b in LaunchLatency Burst200; do
+for b in LaunchLatency Burst200 Fallback; do
 	echo "== test/e2e ($b) =="
 	go test -run '^$' -bench "^Benchmark$b\$" -benchtime 1x -timeout 30m ./test/e2e/ 2>&1 | tee -a "$out/e2e.txt"
 	[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: test/e2e $b failed" >&2; failed=1; }
 done
 
+echo "== test/e2e (SideBySide: kwok, MachineDeployment mode, Machine mode) =="
+BENCH_JSON="$out/sbs.json" go test -run '^$' -bench '^BenchmarkSideBySide$' -benchtime 1x -timeout 3h ./test/e2e/ 2>&1 | tee "$out/sbs.txt" | tee -a "$out/e2e.txt"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: test/e2e SideBySide failed" >&2; failed=1; }
+
 elapsed=$((SECONDS - start))
 
 # Benchmark lines: BenchmarkName-N  iterations  value unit  value unit ...
 # Each figure: benchmark, unit, scale (divide by), display unit, comparison, target.
-awk -v json="$root/bench-results.json" -v elapsed="$elapsed" -v failed="$failed" '
+awk -v json="$root/bench-results.json" -v sbs="$out/sbs.json" -v elapsed="$elapsed" -v failed="$failed" '
 /^Benchmark/ {
 	name = $1; sub(/-[0-9]+$/, "", name); sub(/^Benchmark/, "", name)
 	for (i = 3; i + 1 <= NF; i += 2) v[name "|" $(i + 1)] = $i
@@ -87,6 +95,12 @@ END {
 	fig("burst 200: wall time",                                 "Burst200|wall-s",                    1,       "s",    "",   "")
 	fig("burst 200: infrastructure own time (no Karpenter)",    "Burst200|infra-s",                   1,       "s",    "",   "")
 	fig("burst 200: wall / infrastructure time",                "Burst200|wall/infra",                1,       "",     "<=", 1.2)
+	fig("N=100: all pods Running, MachineDeployment mode / kwok", "SideBySide|machinedeployment-100-total/kwok", 1, "", "<=", 1.2)
+	fig("N=100: all pods Running, Machine mode / kwok",         "SideBySide|machine-100-total/kwok",  1,       "",     "<=", 1.2)
+	fig("N=500: all pods Running, MachineDeployment mode / kwok", "SideBySide|machinedeployment-500-total/kwok", 1, "", "", "")
+	fig("N=500: all pods Running, Machine mode / kwok",         "SideBySide|machine-500-total/kwok",  1,       "",     "",   "")
+	fig("fallback, 3 of 4 offerings exhausted, MachineDeployment mode: extra time", "Fallback|machinedeployment-fallback-extra-s", 1, "s", "<=", 10)
+	fig("fallback, 3 of 4 offerings exhausted, Machine mode: extra time", "Fallback|machine-fallback-extra-s", 1, "s", "<=", 10)
 	fig("resident memory (VmRSS), 10,000 Machines",             "ResidentMemory10k|rss-MiB",          1,       "MiB",  "<=", 300)
 	fig("peak resident memory (VmHWM), 10,000 Machines",        "ResidentMemory10k|peak-rss-MiB",     1,       "MiB",  "",   "")
 
@@ -104,8 +118,18 @@ END {
 
 	printf "{\n  \"elapsed_seconds\": %d,\n  \"runs_failed\": %s,\n  \"figures\": [\n", elapsed, (failed ? "true" : "false") > json
 	for (i = 1; i <= n; i++) printf "    %s%s\n", J[i], (i < n ? "," : "") > json
-	printf "  ]\n}\n" > json
+	printf "  ],\n  \"side_by_side\": " > json
+	# BenchmarkSideBySide writes its runs as a JSON array (null if it failed).
+	got = 0
+	while ((getline line < sbs) > 0) { print line > json; got = 1 }
+	if (!got) print "null" > json
+	printf "}\n" > json
 	close(json)
 	print "written to " json " (a build artifact; do not commit)"
 	exit (missed > 0 || failed) ? 1 : 0
 }' "$out/bench.txt" "$out/e2e.txt"
+status=$?
+echo
+echo "== side by side with Karpenter's kwok provider (ratio to kwok in parentheses) =="
+sed -n '/^side by side, N = /,/^world CPU/p' "$out/sbs.txt"
+exit $status

@@ -235,7 +235,7 @@ func baselineScaleUp(b *testing.B, ctx context.Context, hubCache, spokeCache cac
 // waitPoolReady waits until the pool's NodeClass resolves its instance types
 // and its NodePool is Ready, so that the burst's wall time does not include
 // the provider discovering a MachineDeployment that was just created.
-func waitPoolReady(b *testing.B, name string) {
+func waitPoolReady(b testing.TB, name string) {
 	b.Helper()
 	err := WaitFor(context.Background(), 2*time.Minute, func(ctx context.Context) (bool, error) {
 		nc := &v1alpha1.ClusterAPINodeClass{}

@@ -69,6 +69,19 @@ func StartProviderForCluster(bin string, w *world.World, c *world.WorkloadCluste
 }
 
 func startProvider(bin string, w *world.World, spokeKubeconfig, clusterName, logName string, env, extra []string) (*Provider, error) {
+	args := append([]string{
+		"--kubeconfig=" + spokeKubeconfig,
+		"--cluster-api-kubeconfig=" + w.HubKubeconfig,
+		"--cluster-api-namespace=" + w.Namespace,
+		"--cluster-api-cluster-name=" + clusterName,
+	}, extra...)
+	return startKarpenter(bin, filepath.Join(w.Dir, logName), args, env)
+}
+
+// startKarpenter starts a binary built on Karpenter core's operator (this
+// provider, or core's kwok provider) with the suite's settings of core,
+// metrics and health probes on free ports, and extra environment variables.
+func startKarpenter(bin, logPath string, args, env []string) (*Provider, error) {
 	metrics, err := freePort()
 	if err != nil {
 		return nil, err
@@ -77,13 +90,6 @@ func startProvider(bin string, w *world.World, spokeKubeconfig, clusterName, log
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{
-		"--kubeconfig=" + spokeKubeconfig,
-		"--cluster-api-kubeconfig=" + w.HubKubeconfig,
-		"--cluster-api-namespace=" + w.Namespace,
-		"--cluster-api-cluster-name=" + clusterName,
-	}, extra...)
-	logPath := filepath.Join(w.Dir, logName)
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
@@ -106,7 +112,7 @@ func startProvider(bin string, w *world.World, spokeKubeconfig, clusterName, log
 	cmd.Env = append(cmd.Env, env...)
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
-		return nil, fmt.Errorf("starting the provider: %w", err)
+		return nil, fmt.Errorf("starting %s: %w", filepath.Base(bin), err)
 	}
 	p := &Provider{cmd: cmd, LogPath: logPath, MetricsPort: metrics, done: make(chan struct{})}
 	go func() {
@@ -116,6 +122,9 @@ func startProvider(bin string, w *world.World, spokeKubeconfig, clusterName, log
 	}()
 	return p, nil
 }
+
+// Pid is the process id of the provider process.
+func (p *Provider) Pid() int { return p.cmd.Process.Pid }
 
 // Kill stops the provider abruptly, as a crash or an evicted pod would.
 func (p *Provider) Kill() {

@@ -98,10 +98,7 @@ func (k *simKubelet) instance(host string) (Instance, bool) {
 func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
 	k.client = mgr.GetClient()
 	if err := ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-node").
-		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			_, ok := o.GetAnnotations()[InstanceIDAnnotation]
-			return ok
-		}))).
+		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(simulatedNode))).
 		WatchesRawSource(source.Channel(k.events, &handler.EnqueueRequestForObject{})).
 		Complete(reconcile.Func(k.reconcileNode)); err != nil {
 		return err
@@ -117,7 +114,7 @@ func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
 }
 
 func (k *simKubelet) nodeToPods(ctx context.Context, o client.Object) []reconcile.Request {
-	if _, ok := o.GetAnnotations()[InstanceIDAnnotation]; !ok {
+	if !simulatedNode(o) {
 		return nil
 	}
 	pods := &corev1.PodList{}
@@ -145,6 +142,9 @@ func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (
 		return reconcile.Result{}, err
 	}
 	exists := err == nil
+	if exists && !known && isKWOKNode(node) {
+		return k.reconcileKWOKNode(ctx, node)
+	}
 	ours := exists && known && node.Annotations[InstanceIDAnnotation] == in.ID
 
 	if !known || in.State == infrav1.InstanceStateTerminated {
@@ -237,7 +237,6 @@ func (k *simKubelet) newNode(in Instance, boot BootstrapData) *corev1.Node {
 
 func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Instance, boot BootstrapData) error {
 	it := InstanceTypes[in.Type]
-	now := metav1.Now()
 	desired := node.Status.DeepCopy()
 	desired.Capacity = NodeCapacity(it, boot.KubeletArgs)
 	desired.Allocatable = NodeAllocatable(it, boot.KubeletArgs)
@@ -259,47 +258,7 @@ func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Insta
 		Architecture:            it.Arch,
 	}
 	desired.Phase = ""
-	type cond struct {
-		t              corev1.NodeConditionType
-		s              corev1.ConditionStatus
-		reason, detail string
-	}
-	stale := true
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && time.Since(c.LastHeartbeatTime.Time) < NodeStatusReportInterval {
-			stale = false
-		}
-	}
-	var conds []corev1.NodeCondition
-	for _, c := range []cond{
-		{corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "kubelet has sufficient memory available"},
-		{corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"},
-		{corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "kubelet has sufficient PID available"},
-		{corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status"},
-	} {
-		nc := corev1.NodeCondition{Type: c.t, Status: c.s, Reason: c.reason, Message: c.detail, LastHeartbeatTime: now, LastTransitionTime: now}
-		for _, old := range node.Status.Conditions {
-			if old.Type == c.t {
-				if !stale {
-					nc.LastHeartbeatTime = old.LastHeartbeatTime
-				}
-				if old.Status == c.s {
-					nc.LastTransitionTime = old.LastTransitionTime
-				}
-			}
-		}
-		conds = append(conds, nc)
-	}
-	// Conditions others own (node-problem-detector, a test injecting a
-	// fault) are kept, as the kubelet only updates its own.
-	for _, c := range node.Status.Conditions {
-		switch c.Type {
-		case corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure, corev1.NodeReady:
-		default:
-			conds = append(conds, c)
-		}
-	}
-	desired.Conditions = conds
+	desired.Conditions = readyConditions(node.Status.Conditions)
 	if equalJSON(desired, &node.Status) {
 		return nil
 	}
@@ -364,16 +323,9 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 	if pod.Spec.NodeName == "" {
 		return reconcile.Result{}, nil
 	}
-	in, known := k.instance(pod.Spec.NodeName)
-	if !known || in.State != infrav1.InstanceStateRunning {
-		return reconcile.Result{}, nil // not our Node, or its kubelet is gone
-	}
-	node := &corev1.Node{}
-	if err := k.client.Get(ctx, client.ObjectKey{Name: pod.Spec.NodeName}, node); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
-	if node.Annotations[InstanceIDAnnotation] != in.ID {
-		return reconcile.Result{}, nil
+	hostIP, ok, err := k.podHost(ctx, pod.Spec.NodeName)
+	if err != nil || !ok {
+		return reconcile.Result{}, err // not our Node, or its kubelet is gone
 	}
 	if !pod.DeletionTimestamp.IsZero() {
 		// The kubelet runs the preStop hooks, then stops the containers, and
@@ -405,12 +357,12 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 		podIP = fmt.Sprintf("100.%d.%d.%d", 64+(n>>16)%64, (n>>8)%256, n%256)
 	}
 	if pod.Spec.HostNetwork {
-		podIP = in.PrivateIP
+		podIP = hostIP
 	}
 	st := pod.Status.DeepCopy()
 	st.Phase = corev1.PodRunning
-	st.HostIP = in.PrivateIP
-	st.HostIPs = []corev1.HostIP{{IP: in.PrivateIP}}
+	st.HostIP = hostIP
+	st.HostIPs = []corev1.HostIP{{IP: hostIP}}
 	st.PodIP = podIP
 	st.PodIPs = []corev1.PodIP{{IP: podIP}}
 	if st.StartTime == nil {
@@ -457,6 +409,27 @@ func (k *simKubelet) terminationStart(uid types.UID) time.Time {
 		k.terminating[uid] = t
 	}
 	return t
+}
+
+// podHost returns the host address of the Node a Pod is bound to when this
+// kubelet runs that Node's Pods: a running simulated instance's Node, or a
+// kwok Node.
+func (k *simKubelet) podHost(ctx context.Context, nodeName string) (string, bool, error) {
+	in, known := k.instance(nodeName)
+	if !known {
+		if _, other := k.aws.instanceByHostname(nodeName); other {
+			return "", false, nil // another Cluster's instance
+		}
+		return k.kwokPodHost(ctx, nodeName)
+	}
+	if in.State != infrav1.InstanceStateRunning {
+		return "", false, nil
+	}
+	node := &corev1.Node{}
+	if err := k.client.Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil {
+		return "", false, client.IgnoreNotFound(err)
+	}
+	return in.PrivateIP, node.Annotations[InstanceIDAnnotation] == in.ID, nil
 }
 
 func podRunningAndReady(p *corev1.Pod) bool {

@@ -1,0 +1,288 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+)
+
+// The side-by-side bench runs the same burst, in the same world, through
+// three contenders one after the other, each in a fresh process: Karpenter
+// with its own kwok provider (the floor: Nodes appear after a registration
+// delay, no infrastructure), and this provider in MachineDeployment mode and
+// in Machine mode (Cluster API's real controllers, the simulated EC2 whose
+// instances run after a provisioning delay equal to kwok's registration
+// delay). Same spoke, same kube-scheduler, same pods (N pause pods of
+// 1500m, one per m5.large node), same NodePool shape and core settings.
+
+const (
+	contenderKWOK              = "kwok"
+	contenderMachineDeployment = "machinedeployment"
+	contenderMachine           = "machine"
+	benchPrice                 = 0.096 // m5.large on demand, $/h
+)
+
+// runResult is one contender's burst of N pods and back to zero.
+type runResult struct {
+	Contender string  `json:"contender"`
+	N         int     `json:"n"`
+	DelayS    float64 `json:"infra_delay_s"`
+	// Pods: created -> Running, per pod (p50, p100), and from the
+	// Deployment's creation to the last pod Running (total).
+	PodStartP50S  float64 `json:"pod_start_p50_s"`
+	PodStartP100S float64 `json:"pod_start_p100_s"`
+	TotalS        float64 `json:"total_s"`
+	// Scale-down: Deployment to 0 -> no NodeClaim, Node or Machine left.
+	ScaleDownS float64 `json:"scale_down_s"`
+	// The contender's process over the whole run (up and down).
+	CPUS               float64 `json:"cpu_s"`
+	PeakRSSMiB         float64 `json:"peak_rss_mib"`
+	HubWritesPerNode   float64 `json:"hub_writes_per_node"`
+	SpokeWritesPerNode float64 `json:"spoke_writes_per_node"`
+	// CPU of everything else (API servers, etcd, scheduler, Cluster API,
+	// simulated AWS and kubelet) over the run.
+	WorldCPUS float64 `json:"world_cpu_s"`
+	// Most objects seen at once: must be exactly N.
+	PeakNodeClaims int `json:"peak_nodeclaims"`
+	PeakNodes      int `json:"peak_nodes"`
+	PeakMachines   int `json:"peak_machines"`
+	// Where the time goes (seconds, p50/p100 over objects).
+	Breakdown map[string][2]float64 `json:"breakdown"`
+	// NodeClaims created by core's successive scheduling rounds: count@start.
+	ClaimWaves string   `json:"claim_waves"`
+	LoadAvg    string   `json:"load_avg"`
+	Profiles   []string `json:"profiles,omitempty"`
+}
+
+// contender sets up its pool and starts its process.
+type contender struct {
+	name  string
+	setup func(tb testing.TB, ctx context.Context, pool string, delay time.Duration) (*Provider, func(), error)
+}
+
+var contenders = map[string]contender{
+	contenderKWOK: {contenderKWOK, func(tb testing.TB, ctx context.Context, pool string, delay time.Duration) (*Provider, func(), error) {
+		if err := installKWOKCRD(); err != nil {
+			return nil, nil, err
+		}
+		types, err := kwokInstanceTypes(w.Dir, w.AWS.Zones(), benchPrice)
+		if err != nil {
+			return nil, nil, err
+		}
+		cleanup, err := kwokPool(ctx, pool, delay)
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := startKWOK(pool+".log", types, "ENABLE_PROFILING=true")
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		return p, cleanup, waitNodePoolReady(ctx, pool)
+	}},
+	contenderMachineDeployment: {contenderMachineDeployment, func(tb testing.TB, ctx context.Context, pool string, _ time.Duration) (*Provider, func(), error) {
+		poolIn(tb, w.Spoke.Client, pool, pool)
+		md := machineDeployment(tb, pool, pool+"-md", "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: fmt.Sprint(benchPrice)})
+		p, err := StartProviderWithEnv(bin, w, pool+".log", []string{"ENABLE_PROFILING=true"})
+		if err != nil {
+			return nil, nil, err
+		}
+		waitPoolReady(tb, pool)
+		return p, func() { _ = w.Hub.Client.Delete(context.Background(), md) }, nil
+	}},
+	contenderMachine: {contenderMachine, func(tb testing.TB, ctx context.Context, pool string, _ time.Duration) (*Provider, func(), error) {
+		machinePool(tb, pool, machinePoolOptions{})
+		memberTemplate(tb, pool, pool+"-m5-large", "m5.large", map[string]string{v1alpha1.PriceAnnotation: fmt.Sprint(benchPrice)})
+		p, err := StartProviderWithEnv(bin, w, pool+".log", []string{"ENABLE_PROFILING=true"})
+		if err != nil {
+			return nil, nil, err
+		}
+		waitPoolReady(tb, pool)
+		return p, func() {}, nil
+	}},
+}
+
+// waitNodePoolReady waits until core marked the NodePool Ready (its
+// NodeClass resolved): the kwok contender's equivalent of waitPoolReady.
+func waitNodePoolReady(ctx context.Context, name string) error {
+	return WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		np := &karpv1.NodePool{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: name}, np); err != nil {
+			return false, err
+		}
+		return np.StatusConditions().Root().IsTrue(), nil
+	})
+}
+
+// benchOptions shape one contender's run.
+type benchOptions struct {
+	N          int
+	Delay      time.Duration
+	ProfileDir string // CPU profiles of the contender's process, when set
+}
+
+// runBurst runs one contender: N single-pod nodes from zero and back to zero.
+func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := fmt.Sprintf("sbs-%s-%d", c.name, o.N)
+	app := "app-" + pool
+	w.AWS.SetProvisionDelay(o.Delay)
+	defer w.AWS.SetProvisionDelay(0)
+
+	p, cleanup, err := c.setup(tb, ctx, pool, o.Delay)
+	if err != nil {
+		tb.Fatalf("%s: %v", c.name, err)
+	}
+	defer cleanup()
+	defer p.Stop()
+	if err := WaitFor(ctx, time.Minute, func(context.Context) (bool, error) { _, err := p.Writes(); return err == nil, err }); err != nil {
+		tb.Fatalf("%s: metrics endpoint: %v (log %s)", c.name, err, p.LogPath)
+	}
+
+	hubCache, err := cache.New(w.Hub.Config, cache.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	spokeCache, err := cache.New(w.Spoke.Config, cache.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tl := newTimeline()
+	if err := tl.watchPool(ctx, hubCache, spokeCache, pool, app); err != nil {
+		tb.Fatal(err)
+	}
+	go func() { _ = hubCache.Start(ctx) }()
+	go func() { _ = spokeCache.Start(ctx) }()
+	if !hubCache.WaitForCacheSync(ctx) || !spokeCache.WaitForCacheSync(ctx) {
+		tb.Fatal("caches did not sync")
+	}
+
+	r := runResult{Contender: c.name, N: o.N, DelayS: o.Delay.Seconds(), LoadAvg: loadAvg()}
+	before, err := p.Writes()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cpu0, _, _ := procCPU(p.Pid())
+	world0 := worldCPU(p.Pid())
+	var profWG sync.WaitGroup
+	profDone := make(chan struct{})
+	if o.ProfileDir != "" {
+		profWG.Add(1)
+		go func() { defer profWG.Done(); r.Profiles = collectProfiles(p, o.ProfileDir, pool, profDone) }()
+	}
+
+	start := time.Now()
+	d := deployment(tb, pool, app, int32(o.N), "1500m")
+	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
+	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) { return tl.count("pod-running") >= o.N, nil }); err != nil {
+		close(profDone)
+		tb.Fatalf("%s: %d pods: %v; running %d, nodeclaims %d, nodes %d, machines %d (log %s)", c.name, o.N, err,
+			tl.count("pod-running"), tl.now("nodeclaim"), tl.now("node"), tl.now("machine"), p.LogPath)
+	}
+	r.TotalS = time.Since(start).Seconds()
+	starts := durations(tl.times("pod-created"), tl.times("pod-running"))
+	r.PodStartP50S, r.PodStartP100S = quantile(starts, 0.5), quantile(starts, 1)
+
+	downStart := time.Now()
+	scaleDeployment(tb, d, 0)
+	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) {
+		return tl.now("nodeclaim") == 0 && tl.now("node") == 0 && tl.now("machine") == 0, nil
+	}); err != nil {
+		close(profDone)
+		tb.Fatalf("%s: scale-down of %d: %v; nodeclaims %d, nodes %d, machines %d (log %s)", c.name, o.N, err,
+			tl.now("nodeclaim"), tl.now("node"), tl.now("machine"), p.LogPath)
+	}
+	r.ScaleDownS = time.Since(downStart).Seconds()
+	close(profDone)
+	profWG.Wait()
+
+	after, err := p.Writes()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cpu1, _, _ := procCPU(p.Pid())
+	r.CPUS = cpu1 - cpu0
+	r.WorldCPUS = worldCPU(p.Pid()) - world0
+	if r.PeakRSSMiB, err = peakRSSMiB(p.Pid()); err != nil {
+		tb.Fatal(err)
+	}
+	total, hub, _ := after.sub(before).writes()
+	r.HubWritesPerNode, r.SpokeWritesPerNode = hub/float64(o.N), (total-hub)/float64(o.N)
+	r.PeakNodeClaims, r.PeakNodes, r.PeakMachines = tl.peakOf("nodeclaim"), tl.peakOf("node"), tl.peakOf("machine")
+	r.Breakdown, r.ClaimWaves = breakdown(tl, start)
+	return r
+}
+
+// breakdown is where a run's time went, from the timeline.
+func breakdown(tl *timeline, start time.Time) (map[string][2]float64, string) {
+	out := map[string][2]float64{}
+	pq := func(name string, v []float64) {
+		if len(v) > 0 {
+			out[name] = [2]float64{quantile(v, 0.5), quantile(v, 1)}
+		}
+	}
+	pq("deployment -> pod created", sinceStart(start, tl.times("pod-created")))
+	pq("deployment -> nodeclaim created", sinceStart(start, tl.times("claim-created")))
+	pq("nodeclaim created -> launched (Create returned)", durations(tl.times("claim-created"), tl.times("claim-launched")))
+	pq("deployment -> Machine created", sinceStart(start, tl.times("machine-created")))
+	pq("Machine created -> instance providerID", durations(tl.times("machine-created"), tl.times("instance-providerid")))
+	pq("instance providerID -> Machine providerID", durations(tl.times("instance-providerid"), tl.times("machine-providerid")))
+	pq("nodeclaim launched -> registered", durations(tl.times("claim-launched"), tl.times("claim-registered")))
+	pq("nodeclaim registered -> initialized", durations(tl.times("claim-registered"), tl.times("claim-initialized")))
+	pq("node created -> Ready", durations(tl.times("node-created"), tl.times("node-ready")))
+	pq("pod created -> bound", durations(tl.times("pod-created"), tl.times("pod-bound")))
+	pq("pod bound -> Running", durations(tl.times("pod-bound"), tl.times("pod-running")))
+	return out, waves(sinceStart(start, tl.times("claim-created")), 1)
+}
+
+// collectProfiles fetches 20-second CPU profiles of the process until done.
+func collectProfiles(p *Provider, dir, prefix string, done <-chan struct{}) []string {
+	var files []string
+	for i := 0; ; i++ {
+		select {
+		case <-done:
+			return files
+		default:
+		}
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=20", p.MetricsPort))
+		if err != nil {
+			return files
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return files
+		}
+		path := filepath.Join(dir, fmt.Sprintf("%s-%02d.pprof", prefix, i))
+		if os.WriteFile(path, body, 0o644) == nil {
+			files = append(files, path)
+		}
+	}
+}
+
+func loadAvg() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	s := string(raw)
+	if len(s) > 14 {
+		s = s[:14]
+	}
+	return s
+}
