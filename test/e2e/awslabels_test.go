@@ -23,10 +23,6 @@ import (
 func TestAWSWrittenNodePoolLaunchesWhatAWSWould(t *testing.T) {
 	ctx := context.Background()
 	machinePool(t, "awsnp", machinePoolOptions{})
-	np := &karpv1.NodePool{}
-	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "awsnp"}, np); err != nil {
-		t.Fatal(err)
-	}
 	var reqs []karpv1.NodeSelectorRequirementWithMinValues
 	if err := yaml.Unmarshal([]byte(`
 - {key: kubernetes.io/arch, operator: In, values: [amd64]}
@@ -38,10 +34,7 @@ func TestAWSWrittenNodePoolLaunchesWhatAWSWould(t *testing.T) {
 `), &reqs); err != nil {
 		t.Fatal(err)
 	}
-	np.Spec.Template.Spec.Requirements = reqs
-	if err := w.Spoke.Client.Update(ctx, np); err != nil {
-		t.Fatalf("updating NodePool awsnp to the AWS-written requirements: %v", err)
-	}
+	updateNodePool(t, "awsnp", func(np *karpv1.NodePool) { np.Spec.Template.Spec.Requirements = reqs })
 	memberTemplate(t, "awsnp", "awsnp-c5-large", "c5.large", map[string]string{v1alpha1.PriceAnnotation: "0.085"})
 	memberTemplate(t, "awsnp", "awsnp-m5-large", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
 	memberTemplate(t, "awsnp", "awsnp-m6i-large", "m6i.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
@@ -92,6 +85,7 @@ func TestAWSWrittenNodePoolLaunchesWhatAWSWould(t *testing.T) {
 		t.Errorf("no Launched event on NodeClaim %s naming its Machine %s and template: %v", nc.Name, nc.Annotations[v1alpha1.MachineAnnotation], err)
 	}
 	// Core accepted the NodePool as valid (the labels are well known).
+	np := &karpv1.NodePool{}
 	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "awsnp"}, np); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -237,19 +238,14 @@ func TestReservedMachineDeploymentFallsBackToOnDemand(t *testing.T) {
 	w.AWS.SetCapacityReservation(id, "m5.large", "us-east-1b", 1)
 	t.Cleanup(func() { w.AWS.SetCapacityReservation(id, "m5.large", "us-east-1b", 0) })
 	pool(t, "rsvmd")
-	np := &karpv1.NodePool{}
-	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "rsvmd"}, np); err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range np.Spec.Template.Spec.Requirements {
-		if r.Key == karpv1.CapacityTypeLabelKey {
-			np.Spec.Template.Spec.Requirements[i].Values = []string{karpv1.CapacityTypeReserved, karpv1.CapacityTypeOnDemand}
+	updateNodePool(t, "rsvmd", func(np *karpv1.NodePool) {
+		for i, r := range np.Spec.Template.Spec.Requirements {
+			if r.Key == karpv1.CapacityTypeLabelKey {
+				np.Spec.Template.Spec.Requirements[i].Values = []string{karpv1.CapacityTypeReserved, karpv1.CapacityTypeOnDemand}
+			}
 		}
-	}
-	np.Spec.Disruption.Budgets = []karpv1.Budget{{Nodes: "0"}}
-	if err := w.Spoke.Client.Update(ctx, np); err != nil {
-		t.Fatal(err)
-	}
+		np.Spec.Disruption.Budgets = []karpv1.Budget{{Nodes: "0"}}
+	})
 	tmpl := world.AWSMachineTemplate(w.Namespace, "rsvmd-reserved", "m5.large", false)
 	tmpl.Spec.Template.Spec.CapacityReservationID = ptr.To(id)
 	if err := w.Hub.Client.Create(ctx, tmpl); err != nil {
@@ -295,5 +291,22 @@ func TestReservedMachineDeploymentFallsBackToOnDemand(t *testing.T) {
 		if cur.Spec.Replicas == nil || *cur.Spec.Replicas != 1 {
 			t.Errorf("MachineDeployment %s has %v replicas, want 1", md.Name, cur.Spec.Replicas)
 		}
+	}
+}
+
+// updateNodePool changes a NodePool, retrying on conflicts (core writes
+// its status and hash annotations right after it is created).
+func updateNodePool(t testing.TB, name string, mutate func(*karpv1.NodePool)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		np := &karpv1.NodePool{}
+		if err := w.Spoke.Client.Get(context.Background(), client.ObjectKey{Name: name}, np); err != nil {
+			return err
+		}
+		mutate(np)
+		return w.Spoke.Client.Update(context.Background(), np)
+	})
+	if err != nil {
+		t.Fatalf("updating NodePool %s: %v", name, err)
 	}
 }
