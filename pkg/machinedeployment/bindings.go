@@ -2,6 +2,7 @@ package machinedeployment
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"sort"
@@ -96,7 +97,9 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			} else if gone {
 				log.FromContext(ctx).Info("releasing Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 				c.event(c.hubEvents, m, corev1.EventTypeNormal, "OrphanReleased", fmt.Sprintf("NodeClaim %s is gone: marked for deletion and its replica given back", claim))
-				if err := p.markForDeletion(ctx, m); err != nil && err != ErrMachineGone {
+				if err := p.markForDeletion(ctx, m); errors.Is(err, ErrMachineGone) || errors.Is(err, errMachineDeleting) {
+					continue // the cache lags: nothing to give back here
+				} else if err != nil {
 					return 0, err
 				}
 				ops = append(ops, &op{kind: opRelease, name: m.Name})
@@ -192,6 +195,12 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			}
 		}
 		if idx < 0 {
+			if o, err := c.stranded(ctx, md, claim, since, use, taken, now); err != nil {
+				return 0, err
+			} else if o != nil {
+				ops = append(ops, o)
+				continue
+			}
 			later(OrphanGrace)
 			continue
 		}
