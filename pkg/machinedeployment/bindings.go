@@ -276,8 +276,12 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 		return nil, time.Second, nil
 	}
 	if debt < 0 {
-		log.FromContext(ctx).Info("counting owned replicas again", "MachineDeployment", key, "owned", owned, "bound", use.bound)
-		return &op{kind: opSetOwned, bound: use.bound, expect: owned}, time.Second, nil
+		// NodeClaims hold more than is counted. Raising the count would
+		// take replicas from whoever else set them (invariant 4), so it
+		// stays: releases at a count of 0 keep the replicas rather than
+		// take someone else's.
+		log.FromContext(ctx).Info("NodeClaims hold more replicas than counted; leaving the count", "MachineDeployment", key, "owned", owned, "bound", use.bound)
+		return nil, OrphanGrace, nil
 	}
 	if victim := pickVictim(use.victims, taken, time.Time{}); victim != nil {
 		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)

@@ -10,8 +10,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
+
+func isMarked(m *clusterv1.Machine) bool {
+	_, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	return ok
+}
 
 // stranded decides about a reservation that no Machine can be bound to:
 // it is older than OrphanGrace, the MachineSet has settled (as many live
@@ -42,6 +48,18 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 	}
 	key := client.ObjectKeyFromObject(md)
 	p := c.provider
+	// On doubt, read live: the cache may not show a binding made just now
+	// (by a process before a restart, which this one does not remember).
+	live := &clusterv1.MachineList{}
+	if err := p.hub.GetAPIReader().List(ctx, live, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		return nil, fmt.Errorf("listing Machines of MachineDeployment %s: %w", key, err)
+	}
+	for i := range live.Items {
+		if m := &live.Items[i]; m.Annotations[v1alpha1.NodeClaimAnnotation] == claim && m.DeletionTimestamp.IsZero() && !isMarked(m) {
+			return nil, nil
+		}
+	}
 	p.inflight.Delete(claim) // the next Create raises again
 	victim := pickVictim(use.victims, taken, since.Add(-bindSkew))
 	owned, _, _ := ownedReplicas(md)
