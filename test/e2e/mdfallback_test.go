@@ -112,9 +112,11 @@ func apiTime() time.Time { return time.Now().Truncate(time.Second) }
 
 func TestMachineDeploymentFallsBackWhenTheCheapestNeverLaunches(t *testing.T) {
 	pool(t, "mdfb")
-	cheap := machineDeployment(t, "mdfb", "mdfb-c5-large", "c5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.085"})
+	// Instance types no other scenario exhausts: the unavailable
+	// offerings are shared by both modes, for the TTL.
+	cheap := machineDeployment(t, "mdfb", "mdfb-t3-medium", "t3.medium", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.0416"})
 	dear := machineDeployment(t, "mdfb", "mdfb-m5-large", "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
-	exhaust(t, "c5.large", "", "")
+	exhaust(t, "t3.medium", "", "")
 	start := apiTime()
 	deployment(t, "mdfb", "mdfb-app", 2, "1500m")
 	created := firstBoundMachine(t, 3*time.Minute, dear)
@@ -133,9 +135,9 @@ func TestMachineDeploymentFallsBackWhenTheCheapestNeverLaunches(t *testing.T) {
 
 func TestMachineDeploymentSpotFallsBackToOnDemand(t *testing.T) {
 	spotPool(t, "mdspot")
-	spot := spotMachineDeployment(t, "mdspot", "mdspot-spot", "m5.large", "us-east-1a", map[string]string{v1alpha1.SpotPriceAnnotation: "0.035", v1alpha1.PriceAnnotation: "0.035"})
-	onDemand := machineDeployment(t, "mdspot", "mdspot-od", "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
-	exhaust(t, "m5.large", "", world.CapacityTypeSpot)
+	spot := spotMachineDeployment(t, "mdspot", "mdspot-spot", "m6g.xlarge", "us-east-1a", map[string]string{v1alpha1.SpotPriceAnnotation: "0.05", v1alpha1.PriceAnnotation: "0.05"})
+	onDemand := machineDeployment(t, "mdspot", "mdspot-od", "m6g.xlarge", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.154"})
+	exhaust(t, "m6g.xlarge", "", world.CapacityTypeSpot)
 	start := apiTime()
 	deployment(t, "mdspot", "mdspot-app", 1, "1500m")
 	created := firstBoundMachine(t, 3*time.Minute, onDemand)
@@ -155,14 +157,14 @@ func TestMachineDeploymentThreeOfFourOfferingsExhausted(t *testing.T) {
 	spotPool(t, "md3of4")
 	// One instance type, four offerings; the three cheapest are exhausted.
 	mds := []*clusterv1.MachineDeployment{
-		spotMachineDeployment(t, "md3of4", "md3of4-spot-a", "c5.xlarge", "us-east-1a", map[string]string{v1alpha1.SpotPriceAnnotation: "0.07", v1alpha1.PriceAnnotation: "0.07"}),
-		machineDeployment(t, "md3of4", "md3of4-od-a", "c5.xlarge", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.17"}),
-		machineDeployment(t, "md3of4", "md3of4-od-b", "c5.xlarge", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.171"}),
-		machineDeployment(t, "md3of4", "md3of4-od-c", "c5.xlarge", "us-east-1c", map[string]string{v1alpha1.PriceAnnotation: "0.172"}),
+		spotMachineDeployment(t, "md3of4", "md3of4-spot-a", "g4dn.xlarge", "us-east-1a", map[string]string{v1alpha1.SpotPriceAnnotation: "0.16", v1alpha1.PriceAnnotation: "0.16"}),
+		machineDeployment(t, "md3of4", "md3of4-od-a", "g4dn.xlarge", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.526"}),
+		machineDeployment(t, "md3of4", "md3of4-od-b", "g4dn.xlarge", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.527"}),
+		machineDeployment(t, "md3of4", "md3of4-od-c", "g4dn.xlarge", "us-east-1c", map[string]string{v1alpha1.PriceAnnotation: "0.528"}),
 	}
-	exhaust(t, "c5.xlarge", "", world.CapacityTypeSpot)
-	exhaust(t, "c5.xlarge", "us-east-1a", world.CapacityTypeOnDemand)
-	exhaust(t, "c5.xlarge", "us-east-1b", world.CapacityTypeOnDemand)
+	exhaust(t, "g4dn.xlarge", "", world.CapacityTypeSpot)
+	exhaust(t, "g4dn.xlarge", "us-east-1a", world.CapacityTypeOnDemand)
+	exhaust(t, "g4dn.xlarge", "us-east-1b", world.CapacityTypeOnDemand)
 	start := apiTime()
 	podDeployment(t, "md3of4", "md3of4-app", 1, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3")}, nil)
 	created := firstBoundMachine(t, 3*time.Minute, mds[3])
