@@ -2,6 +2,7 @@ package machinedeployment
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"sort"
@@ -96,7 +97,9 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			} else if gone {
 				log.FromContext(ctx).Info("releasing Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 				c.event(c.hubEvents, m, corev1.EventTypeNormal, "OrphanReleased", fmt.Sprintf("NodeClaim %s is gone: marked for deletion and its replica given back", claim))
-				if err := p.markForDeletion(ctx, m); err != nil && err != ErrMachineGone {
+				if err := p.markForDeletion(ctx, m); errors.Is(err, ErrMachineGone) || errors.Is(err, errMachineDeleting) {
+					continue // the cache lags: nothing to give back here
+				} else if err != nil {
 					return 0, err
 				}
 				ops = append(ops, &op{kind: opRelease, name: m.Name})
@@ -192,6 +195,12 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			}
 		}
 		if idx < 0 {
+			if o, err := c.stranded(ctx, md, claim, since, use, taken, now); err != nil {
+				return 0, err
+			} else if o != nil {
+				ops = append(ops, o)
+				continue
+			}
 			later(OrphanGrace)
 			continue
 		}
@@ -243,66 +252,6 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 	}
 	return requeue, nil
-}
-
-// settleOwned decides what to do about owned replicas no NodeClaim uses
-// (debt > 0) or NodeClaims holding more than is counted (debt < 0), once
-// that has lasted OrphanGrace: give a spare replica back with an unbound
-// Machine, forget it when someone else lowered the replicas already, or
-// count again. It returns the op to apply (or nil) and when to look again.
-func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeployment, owned int32, hasOwned bool, debt int32, use usage, taken map[string]bool, now time.Time) (*op, time.Duration, error) {
-	key := client.ObjectKeyFromObject(md)
-	if !hasOwned {
-		return &op{kind: opSetOwned, bound: use.bound, expect: -1}, 0, nil
-	}
-	if debt == 0 {
-		c.debts.clear(key)
-		return nil, 0, nil
-	}
-	since := c.debts.observe(key, debt > 0, now)
-	if wait := OrphanGrace - now.Sub(since); wait > 0 {
-		return nil, wait, nil
-	}
-	if c.debts.stale(key, owned, now) {
-		return nil, time.Second, nil
-	}
-	if debt < 0 {
-		log.FromContext(ctx).Info("counting owned replicas again", "MachineDeployment", key, "owned", owned, "bound", use.bound)
-		return &op{kind: opSetOwned, bound: use.bound, expect: owned}, time.Second, nil
-	}
-	if victim := pickVictim(use.victims, taken, time.Time{}); victim != nil {
-		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)
-		if err := c.provider.markSpare(ctx, victim); err != nil {
-			return nil, 0, err
-		}
-		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
-			fmt.Sprintf("a Karpenter Machine was deleted by someone else and no NodeClaim took its replica: given back with Machine %s", victim.Name))
-		metrics.OrphansReleased.WithLabelValues("spare").Inc()
-		return &op{kind: opSpare, expect: owned}, time.Second, nil
-	}
-	replicas := int32(0)
-	if md.Spec.Replicas != nil {
-		replicas = *md.Spec.Replicas
-	}
-	if replicas != use.live {
-		// The MachineSet has yet to create or delete Machines: decide on
-		// what it settles to.
-		return nil, 5 * time.Second, nil
-	}
-	if len(use.released) > 0 {
-		// The MachineSet keeps a Machine whose replica was given back:
-		// another Karpenter Machine went in its place (both were marked; a
-		// termination interrupted between marking and giving back leaves
-		// one so). The spare replica is that Machine's.
-		victim := use.released[0]
-		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)
-		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
-			fmt.Sprintf("a Karpenter Machine went in place of Machine %s, released already: its replica given back", victim.Name))
-		metrics.OrphansReleased.WithLabelValues("spare").Inc()
-		return &op{kind: opSpare, expect: owned}, time.Second, nil
-	}
-	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key, "replicas", replicas, "owned", owned, "bound", use.bound)
-	return &op{kind: opForgive, expect: owned}, time.Second, nil
 }
 
 // bindable reports whether a Machine may be bound to a NodeClaim at all:

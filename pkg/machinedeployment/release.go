@@ -50,7 +50,9 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 		return fmt.Errorf("Machine %s/%s has no label %s: cannot tell its MachineDeployment", m.Namespace, m.Name, clusterv1.MachineDeploymentNameLabel)
 	}
 	_, wasMarked := m.Annotations[clusterv1.DeleteMachineAnnotation]
-	if err := p.markForDeletion(ctx, m); err != nil {
+	if err := p.markForDeletion(ctx, m); errors.Is(err, errMachineDeleting) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	key := types.NamespacedName{Namespace: m.Namespace, Name: mdName}
@@ -75,10 +77,28 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 	return nil
 }
 
+// errMachineDeleting: the Machine is being deleted already (a live read).
+var errMachineDeleting = errors.New("machine is being deleted")
+
 // markForDeletion annotates the Machine so that its MachineSet deletes it
-// first when replicas go down.
+// first when replicas go down. A Machine the cache shows marked already is
+// a retry, maybe on a cache that still shows a Machine that is gone or
+// going: its released entry may be forgotten already, and giving its
+// replica back again would take someone else's (found by the model test).
+// Only a live read decides then: ErrMachineGone, errMachineDeleting or
+// nil (marked and still there: the release op is idempotent).
 func (p *Provider) markForDeletion(ctx context.Context, m *clusterv1.Machine) error {
 	if _, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]; ok {
+		live := &clusterv1.Machine{}
+		err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live)
+		switch {
+		case apierrors.IsNotFound(err) || (err == nil && live.UID != m.UID):
+			return ErrMachineGone
+		case err != nil:
+			return fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+		case !live.DeletionTimestamp.IsZero():
+			return errMachineDeleting
+		}
 		return nil
 	}
 	patch := client.MergeFrom(m.DeepCopy())

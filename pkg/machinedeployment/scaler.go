@@ -78,6 +78,10 @@ const (
 	// opForgive drops an owned replica someone else already took away
 	// (lowered replicas): owned minus one, replicas unchanged.
 	opForgive
+	// opLost drops a reservation whose replica someone else took away
+	// before a Machine was bound to it: pending -= claim, owned minus one,
+	// replicas unchanged.
+	opLost
 )
 
 // Scaler applies ops to MachineDeployments. Ops for one MachineDeployment
@@ -286,6 +290,14 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 			if hasOwned && owned == o.expect && owned > 0 {
 				lower(o)
 				owned--
+				changed = true
+			}
+		case opLost:
+			if _, ok := pending[o.name]; ok {
+				delete(pending, o.name)
+				if hasOwned && owned > 0 {
+					owned--
+				}
 				changed = true
 			}
 		case opForgive:

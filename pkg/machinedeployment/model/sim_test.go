@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -26,6 +27,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
@@ -131,6 +133,12 @@ func newWorld(t testing.TB, replicas map[string]int32, mdAnnotations map[string]
 	w.acting.Store(false)
 	w.restart()
 	return w
+}
+
+func init() {
+	// The provider's code logs through controller-runtime: silence it (a
+	// model run logs millions of lines) rather than print its warning.
+	ctrllog.SetLogger(logr.Discard())
 }
 
 func (w *world) must(err error) {

@@ -1,0 +1,87 @@
+package machinedeployment
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+)
+
+func isMarked(m *clusterv1.Machine) bool {
+	_, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	return ok
+}
+
+// stranded decides about a reservation that no Machine can be bound to:
+// it is older than OrphanGrace, the MachineSet has settled (as many live
+// Machines as replicas: it creates no more) and no bindable Machine made
+// after the raise is left. That happens when
+//
+//   - someone else lowered the replicas before the MachineSet made the
+//     Machine (or the MachineSet deleted the new, Node-less one first): the
+//     replica was taken away, so the reservation is dropped and its owned
+//     replica forgotten (replicas unchanged: opLost); or
+//   - the Machine made for the raise got a Node before it was bound (the
+//     provider was down or its cache lagged), or, when every replica is
+//     Karpenter's, a rollout left an unbound Machine made before the
+//     raise: a Machine with a Node is never bound (someone may run
+//     workloads on it), so the replica is given back with that Machine
+//     (marked, the MachineSet removes it).
+//
+// Either way the NodeClaim's next Create raises a replica again, and the
+// pods get a node instead of waiting for Karpenter's registration timeout.
+// It returns the op to apply, or nil when the reservation may still bind.
+func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployment, claim string, since time.Time, use usage, taken map[string]bool, now time.Time) (*op, error) {
+	replicas := int32(0)
+	if md.Spec.Replicas != nil {
+		replicas = *md.Spec.Replicas
+	}
+	if now.Sub(since) < OrphanGrace || replicas != use.live {
+		return nil, nil
+	}
+	key := client.ObjectKeyFromObject(md)
+	p := c.provider
+	// On doubt, read live: the cache may not show a binding made just now
+	// (by a process before a restart, which this one does not remember).
+	live := &clusterv1.MachineList{}
+	if err := p.hub.GetAPIReader().List(ctx, live, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		return nil, fmt.Errorf("listing Machines of MachineDeployment %s: %w", key, err)
+	}
+	for i := range live.Items {
+		if m := &live.Items[i]; m.Annotations[v1alpha1.NodeClaimAnnotation] == claim && m.DeletionTimestamp.IsZero() && !isMarked(m) {
+			return nil, nil
+		}
+	}
+	p.inflight.Delete(claim) // the next Create raises again
+	victim := pickVictim(use.victims, taken, since.Add(-bindSkew))
+	owned, _, _ := ownedReplicas(md)
+	if victim == nil && replicas <= owned {
+		// Every replica is Karpenter's (a rollout replaced a bound
+		// Machine with an unbound one): an unbound Machine is a leftover
+		// of ours, whenever it was made. It goes with the replica.
+		victim = pickVictim(use.victims, taken, time.Time{})
+	}
+	if victim != nil {
+		if err := p.markSpare(ctx, victim); err != nil {
+			return nil, err
+		}
+		taken[victim.Name] = true
+		log.FromContext(ctx).Info("giving back a reservation whose Machine came up unbound", "MachineDeployment", key, "NodeClaim", claim, "Machine", victim.Name)
+		c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaGivenBack",
+			fmt.Sprintf("Machine %s made for NodeClaim %s got a Node before it was bound: replica given back with it, the NodeClaim raises again", victim.Name, claim))
+		metrics.OrphansReleased.WithLabelValues("replica").Inc()
+		return &op{kind: opGiveBack, name: claim}, nil
+	}
+	log.FromContext(ctx).Info("dropping a reservation whose replica someone else took away", "MachineDeployment", key, "NodeClaim", claim, "replicas", replicas)
+	c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReservationLost",
+		fmt.Sprintf("the replica raised for NodeClaim %s was taken away (replicas lowered by someone else): the NodeClaim raises again", claim))
+	return &op{kind: opLost, name: claim}, nil
+}
