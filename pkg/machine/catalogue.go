@@ -225,6 +225,17 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 			hashes = append(hashes, t.GetNamespace()+"|bootstrap="+BootstrapHash(mt, b.template))
 		}
 		hashes = append(hashes, t.GetNamespace()+"/"+t.GetName()+"="+TemplateHash(t))
+		if mt.Version == "" {
+			// The version new Machines get follows the control plane: a
+			// Kubernetes upgrade changes the hash, so Karpenter checks drift
+			// at once (the memo key counts Cluster events, which a control
+			// plane's progress through an upgrade causes).
+			v, err := runningVersion(ctx, c.hub, cluster)
+			if err != nil {
+				v = "unknown" // launches say why; the hash must not stop the resolution
+			}
+			hashes = append(hashes, t.GetNamespace()+"/"+t.GetName()+"|version="+v)
+		}
 		for _, s := range instancetype.FromTemplate(t, instancetype.TemplateOptions{
 			ClusterName: cluster.Name,
 			Zones:       failureDomains(cluster),

@@ -17,6 +17,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 )
 
 // ObjectName is the name of the Machine, infrastructure machine and
@@ -207,17 +208,22 @@ func newMachine(s machineSpec) *clusterv1.Machine {
 // only once the control plane runs the new version, which is when the
 // topology upgrades its MachineDeployments too.
 func clusterVersion(ctx context.Context, c *Provider, cluster *clusterv1.Cluster) (string, error) {
+	return runningVersion(ctx, c.hub, cluster)
+}
+
+// runningVersion is clusterVersion for any reader of the hub.
+func runningVersion(ctx context.Context, h *hub.Hub, cluster *clusterv1.Cluster) (string, error) {
 	ref := cluster.Spec.ControlPlaneRef
 	if ref.Name == "" {
 		return cluster.Spec.Topology.Version, nil
 	}
-	gvk, err := ResolveKind(c.hub, ref.APIGroup, ref.Kind)
+	gvk, err := ResolveKind(h, ref.APIGroup, ref.Kind)
 	if err != nil {
 		return "", fmt.Errorf("Cluster %s/%s: spec.controlPlaneRef: %w", cluster.Namespace, cluster.Name, err)
 	}
 	cp := &unstructured.Unstructured{}
 	cp.SetGroupVersionKind(gvk)
-	if err := c.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: cluster.Namespace, Name: ref.Name}, cp); err != nil {
+	if err := h.GetCache().Get(ctx, types.NamespacedName{Namespace: cluster.Namespace, Name: ref.Name}, cp); err != nil {
 		return "", fmt.Errorf("reading the control plane %s %s/%s: %w", ref.Kind, cluster.Namespace, ref.Name, err)
 	}
 	return controlPlaneVersion(cp, cluster.Spec.Topology.Version), nil
