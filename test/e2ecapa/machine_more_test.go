@@ -202,8 +202,8 @@ func TestMachineModeTemplateChangeIsDriftAndRolled(t *testing.T) {
 // Machine mode: a template no MachineDeployment uses has no owner Cluster,
 // so CAPA never describes it; without capacity annotations the NodeClass
 // says the capacity is unknown. Once the user makes the Cluster its owner,
-// CAPA writes status.capacity and status.nodeInfo and the provider launches
-// from them, annotations or not.
+// CAPA writes status.capacity and status.nodeInfo.architecture and the
+// provider launches from them, without annotations.
 func TestMachineModeTemplateCapacityFromCAPA(t *testing.T) {
 	fullSuite(t)
 	t.Parallel()
@@ -248,7 +248,10 @@ func TestMachineModeTemplateCapacityFromCAPA(t *testing.T) {
 	if err := w.Hub.Client.Patch(ctx, cur, patch); err != nil {
 		t.Fatal(err)
 	}
-	waitCAPADescribed(t, tmpl, "2", "4Gi", "amd64")
+	// No MachineDeployment gives CAPA a Kubernetes version to find the AMI
+	// by: it writes capacity and architecture, no operating system (the
+	// provider then assumes linux).
+	waitCAPADescribed(t, tmpl, "2", "4Gi", "amd64", "")
 
 	d := app(t, pool, pool, 1, "1500m")
 	v := waitView(t, 3*time.Minute, pool, pool, func(v view) bool {

@@ -33,15 +33,19 @@ func mdTemplate(t testing.TB, pool, name, instanceType string, mutate func(*infr
 // waitCAPADescribed waits until CAPA's AWSMachineTemplate controller wrote
 // the template's status from DescribeInstanceTypes (and the AMI it looks
 // up) and checks it against the EC2 catalogue: what the provider reads as
-// the instance type's capacity when no annotation overrides it.
-func waitCAPADescribed(t testing.TB, tmpl *infrav1.AWSMachineTemplate, cpu, memory, arch string) {
+// the instance type's capacity when no annotation overrides it. os is the
+// operating system CAPA reads from the AMI; it finds the AMI only through a
+// MachineDeployment's or MachineSet's Kubernetes version, so for a template
+// only Machine mode uses it writes the architecture alone (os "").
+func waitCAPADescribed(t testing.TB, tmpl *infrav1.AWSMachineTemplate, cpu, memory, arch string, os infrav1.OperatingSystem) {
 	t.Helper()
 	cur := &infrav1.AWSMachineTemplate{}
 	err := e2e.WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
 		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(tmpl), cur); err != nil {
 			return false, err
 		}
-		return len(cur.Status.Capacity) > 0 && cur.Status.NodeInfo != nil && cur.Status.NodeInfo.OperatingSystem != "", nil
+		return len(cur.Status.Capacity) > 0 && cur.Status.NodeInfo != nil && cur.Status.NodeInfo.Architecture != "" &&
+			(os == "" || cur.Status.NodeInfo.OperatingSystem != ""), nil
 	})
 	if err != nil {
 		t.Fatalf("CAPA did not describe AWSMachineTemplate %s: status %+v", tmpl.Name, cur.Status)
@@ -53,8 +57,8 @@ func waitCAPADescribed(t testing.TB, tmpl *infrav1.AWSMachineTemplate, cpu, memo
 	if q := cur.Status.Capacity[corev1.ResourceMemory]; q.Cmp(resource.MustParse(memory)) != 0 {
 		t.Errorf("status.capacity memory %s, want %s", q.String(), memory)
 	}
-	if string(cur.Status.NodeInfo.Architecture) != arch || cur.Status.NodeInfo.OperatingSystem != infrav1.OperatingSystemLinux {
-		t.Errorf("status.nodeInfo %+v, want %s/linux", *cur.Status.NodeInfo, arch)
+	if string(cur.Status.NodeInfo.Architecture) != arch || cur.Status.NodeInfo.OperatingSystem != os {
+		t.Errorf("status.nodeInfo %+v, want %s/%q", *cur.Status.NodeInfo, arch, os)
 	}
 }
 
@@ -68,7 +72,7 @@ func TestMachineDeploymentModeScaleUpAndDown(t *testing.T) {
 	machineDeploymentPool(t, pool)
 	tmpl := mdTemplate(t, pool, pool+"-t3-medium", "t3.medium", nil)
 	md := memberMachineDeployment(t, pool, pool+"-a", tmpl.Name, "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.0416"})
-	waitCAPADescribed(t, tmpl, "2", "4Gi", "amd64")
+	waitCAPADescribed(t, tmpl, "2", "4Gi", "amd64", infrav1.OperatingSystemLinux)
 
 	d := app(t, pool, pool, 3, "1500m")
 	v := waitView(t, 3*time.Minute, pool, pool, func(v view) bool {
@@ -113,7 +117,7 @@ func TestMachineDeploymentModeInsufficientCapacityFallsBack(t *testing.T) {
 	tmpl := mdTemplate(t, pool, pool+"-m6g-xlarge", "m6g.xlarge", nil)
 	cheap := memberMachineDeployment(t, pool, pool+"-a", tmpl.Name, "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: "0.10"})
 	other := memberMachineDeployment(t, pool, pool+"-b", tmpl.Name, "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.154"})
-	waitCAPADescribed(t, tmpl, "4", "16Gi", "arm64")
+	waitCAPADescribed(t, tmpl, "4", "16Gi", "arm64", infrav1.OperatingSystemLinux)
 	limitCapacity(t, ec2sim.Pool{InstanceType: "m6g.xlarge", Zone: "us-east-1a"}, 0)
 	reports := recordCAPAReports(t, pool)
 
