@@ -38,6 +38,11 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// The scenarios mostly wait on controllers (CAPA takes a minute to let a
+	// deleted AWSMachine go): run them all at once, not GOMAXPROCS at a time.
+	if f := flag.Lookup("test.parallel"); f != nil && f.Value.String() == f.DefValue {
+		_ = flag.Set("test.parallel", "16")
+	}
 	os.Exit(run(m))
 }
 
