@@ -41,6 +41,10 @@ type PoolOptions struct {
 	Zone string
 	// Budget of the NodePool's disruption (default 100%).
 	Budget string
+	// OnDelete gives MachineDeployments the OnDelete rollout strategy that
+	// docs/concepts.md recommends (default: the webhook's RollingUpdate,
+	// whose surge Machine is a Machine without a NodeClaim during a drift).
+	OnDelete bool
 }
 
 // Pool creates a pool: in Machine mode a NodeClass selecting member
@@ -74,6 +78,9 @@ func Pool(ctx context.Context, w *world.World, name string, o PoolOptions) ([]cl
 				Labels: map[string]string{poolLabel: name}, TemplateLabels: map[string]string{poolLabel: name},
 				Annotations: map[string]string{v1alpha1.PriceAnnotation: price}, FailureDomain: o.Zone,
 			})
+			if o.OnDelete {
+				md.Spec.Rollout.Strategy.Type = clusterv1.OnDeleteMachineDeploymentStrategyType
+			}
 			if err := w.Hub.Client.Create(ctx, md); err != nil {
 				return nil, nil, fmt.Errorf("creating MachineDeployment %s: %w", objName, err)
 			}

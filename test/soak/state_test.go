@@ -92,7 +92,10 @@ func newSoak(ctx context.Context, t *testing.T, w *world.World, bin string, rng 
 			// A dearer type to fall back on while m5.large is exhausted.
 			its["m5.xlarge"] = "0.192"
 		}
-		if _, _, err := ha.Pool(ctx, w, p.name, ha.PoolOptions{Mode: p.mode, InstanceTypes: its}); err != nil {
+		// OnDelete as docs/concepts.md recommends: RollingUpdate's surge
+		// Machines outnumber the NodeClaims during every drift (the first
+		// 30-minute soak counted 21 such samples).
+		if _, _, err := ha.Pool(ctx, w, p.name, ha.PoolOptions{Mode: p.mode, InstanceTypes: its, OnDelete: true}); err != nil {
 			return nil, err
 		}
 		p.want = 3
