@@ -117,3 +117,14 @@ func TestReservedMachineDeploymentCountsItsReplicas(t *testing.T) {
 		t.Errorf("labels %v price %v", src.Labels, src.Price)
 	}
 }
+
+// A capacity block needs its reservation ID (CAPA refuses one without): the
+// template is reported, not launched from.
+func TestCapacityBlockWithoutReservationIsReported(t *testing.T) {
+	tmpl := awsTemplate("m5.large", false, map[string]any{"cpu": "2", "memory": "8Gi"}, nil)
+	_ = unstructured.SetNestedField(tmpl.Object, "CapacityBlock", "spec", "template", "spec", "marketType")
+	srcs := FromTemplate(tmpl, TemplateOptions{ClusterName: "c"})
+	if len(srcs) != 1 || srcs[0].Err == nil || !strings.Contains(srcs[0].Err.Error(), "capacityReservationId") {
+		t.Fatalf("want one error naming capacityReservationId, got %+v", srcs)
+	}
+}

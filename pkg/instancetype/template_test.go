@@ -65,7 +65,8 @@ func TestFromTemplateCapacityTypes(t *testing.T) {
 		// CAPA's marketType: OnDemand said explicitly still allows a spot clone;
 		// a capacity block is reserved capacity and never spot.
 		{"marketType OnDemand, spot price: both", false, priced, true, []string{"on-demand", "spot"}},
-		{"marketType CapacityBlock, spot price: on-demand", false, priced, true, []string{"on-demand"}},
+		// (with its capacityReservationId, which CAPA requires for CapacityBlock)
+		{"marketType CapacityBlock, spot price: on-demand and reserved", false, priced, true, []string{"on-demand", "reserved"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -74,6 +75,14 @@ func TestFromTemplateCapacityTypes(t *testing.T) {
 				mt, _, _ = strings.Cut(mt, ",")
 				if err := unstructured.SetNestedField(tmpl.Object, mt, "spec", "template", "spec", "marketType"); err != nil {
 					t.Fatal(err)
+				}
+				if mt == "CapacityBlock" {
+					_ = unstructured.SetNestedField(tmpl.Object, "cr-block", "spec", "template", "spec", "capacityReservationId")
+					ann := map[string]string{v1alpha1.ReservationCountAnnotation: "2"}
+					for k, v := range c.ann {
+						ann[k] = v
+					}
+					tmpl.SetAnnotations(ann)
 				}
 			}
 			srcs := FromTemplate(tmpl, TemplateOptions{ClusterName: "c1", SpotCapable: c.spotCapable})
