@@ -20,6 +20,7 @@ type Counts struct {
 	NodeClaimsDeleting       int
 	Nodes                    int
 	Machines                 int // labelled pool=<name>, including those being deleted
+	MachinesDeleting         int // of Machines, those with a deletion timestamp
 	UnboundMachines          int // without the NodeClaim annotation
 	MachineNames             []string
 	Replicas                 int32 // MachineDeployment mode: the pool's MachineDeployments' replicas
@@ -49,6 +50,9 @@ func Count(ctx context.Context, w *world.World, pool, app string) (Counts, error
 	for _, m := range machines.Items {
 		c.Machines++
 		c.MachineNames = append(c.MachineNames, m.Name)
+		if !m.DeletionTimestamp.IsZero() {
+			c.MachinesDeleting++
+		}
 		if m.Annotations[v1alpha1.NodeClaimAnnotation] == "" {
 			c.UnboundMachines++
 		}
