@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	corecloudprovider "sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 )
@@ -41,7 +42,7 @@ func TestCheapestFindsOfferingsWithoutAZone(t *testing.T) {
 	}{
 		{"any capacity type", claim(), "workers-spot"},
 		{"on-demand only", claim(karpv1.NodeSelectorRequirementWithMinValues{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{karpv1.CapacityTypeOnDemand}}), "workers"},
-		{"a zone asked for", claim(karpv1.NodeSelectorRequirementWithMinValues{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"us-east-1b"}}), "workers-spot"},
+		{"a zone ruled out", claim(karpv1.NodeSelectorRequirementWithMinValues{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"us-east-1b"}}), "workers-spot"},
 	} {
 		for i := 0; i < 50; i++ {
 			src, err := cheapest(set, set.InstanceTypes, tc.nc)
@@ -56,7 +57,9 @@ func TestCheapestFindsOfferingsWithoutAZone(t *testing.T) {
 }
 
 // One zone of three: the zoned MachineDeployment serves pods that ask for its
-// zone; pods asking for another zone get the zoneless one.
+// zone, and the zoneless one never serves a NodeClaim that asks for a zone:
+// its node could land in any zone (Karpenter's DefaultTopologySpreadConstraints
+// conformance specs found four pods spread over "four zones" all in one).
 func TestCheapestOneZoneOfThree(t *testing.T) {
 	set := instancetype.Build([]instancetype.Source{
 		source("in-a", "us-east-1a", karpv1.CapacityTypeOnDemand, 0.09),
@@ -68,10 +71,27 @@ func TestCheapestOneZoneOfThree(t *testing.T) {
 	for _, tc := range []struct {
 		nc   *karpv1.NodeClaim
 		want string
-	}{{claim(), "in-a"}, {zone("us-east-1a"), "in-a"}, {zone("us-east-1c"), "anywhere"}} {
+	}{{claim(), "in-a"}, {zone("us-east-1a"), "in-a"}} {
 		src, err := cheapest(set, set.InstanceTypes, tc.nc)
 		if err != nil || src.Origin.Name != tc.want {
 			t.Fatalf("requirements %v: got %s (%v), want %s", tc.nc.Spec.Requirements, src.Origin.Name, err, tc.want)
 		}
+	}
+	// Cheaper in no particular zone: still only for NodeClaims without a zone.
+	set = instancetype.Build([]instancetype.Source{
+		source("in-a", "us-east-1a", karpv1.CapacityTypeOnDemand, 0.096),
+		source("anywhere", "", karpv1.CapacityTypeOnDemand, 0.09),
+	})
+	for _, tc := range []struct {
+		nc   *karpv1.NodeClaim
+		want string
+	}{{claim(), "anywhere"}, {zone("us-east-1a"), "in-a"}} {
+		src, err := cheapest(set, set.InstanceTypes, tc.nc)
+		if err != nil || src.Origin.Name != tc.want {
+			t.Fatalf("requirements %v: got %s (%v), want %s", tc.nc.Spec.Requirements, src.Origin.Name, err, tc.want)
+		}
+	}
+	if src, err := cheapest(set, set.InstanceTypes, zone("us-east-1c")); err == nil || !corecloudprovider.IsInsufficientCapacityError(err) {
+		t.Fatalf("a NodeClaim asking for us-east-1c got %s (%v), want an insufficient capacity error", src.Origin.Name, err)
 	}
 }

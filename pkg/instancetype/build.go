@@ -187,6 +187,14 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 		oreqs := []*scheduling.Requirement{scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, k.CapacityType)}
 		if k.Zone != "" {
 			oreqs = append(oreqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, k.Zone))
+		} else {
+			// An offering in no particular zone lands wherever the
+			// infrastructure puts it, so it must not satisfy a NodeClaim that
+			// asks for a zone (topology spread, a zonal volume, a NodePool's
+			// zones): DoesNotExist is compatible only with NodeClaims that do
+			// not constrain the zone, and makes core's Offering.Zone() ""
+			// instead of a random value (its cost tracking keys on it).
+			oreqs = append(oreqs, scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpDoesNotExist))
 		}
 		capacity := 0
 		if k.CapacityType == karpv1.CapacityTypeReserved {

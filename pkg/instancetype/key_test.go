@@ -1,10 +1,14 @@
 package instancetype
 
 import (
+	"sort"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/scheduling"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 )
@@ -83,6 +87,55 @@ func TestTemplateInAClusterWithoutFailureDomains(t *testing.T) {
 	for k, p := range want {
 		if got[k] != p {
 			t.Fatalf("offering %+v price %v, want %v (all: %v)", k, got[k], p, got)
+		}
+	}
+}
+
+// Core reads offerings through its own helpers: Offering.Zone() (its cost
+// tracking keys on it) and Offerings.Compatible (the scheduler's choice). A
+// zoneless offering must give core "" rather than a random zone, serve any
+// NodeClaim that does not ask for a zone and none that does.
+func TestZonelessOfferingAsCoreSeesIt(t *testing.T) {
+	tmpl := awsTemplate("m5.large", false, map[string]any{"cpu": "2", "memory": "8Gi"}, nil)
+	set := Build([]Source{
+		FromMachineDeployment(md("zoned", map[string]string{v1alpha1.PriceAnnotation: "0.096"}, "us-east-1a", 0), tmpl),
+		FromMachineDeployment(md("anywhere", map[string]string{v1alpha1.PriceAnnotation: "0.09"}, "", 0), tmpl),
+	})
+	it := set.InstanceTypes[0]
+	var zoneless *cloudprovider.Offering
+	for _, of := range it.Offerings {
+		if KeyOf(it.Name, of).Zone == "" {
+			zoneless = of
+		}
+	}
+	if zoneless == nil {
+		t.Fatalf("no zoneless offering among %v", it.Offerings)
+	}
+	for i := 0; i < 100; i++ {
+		if z := zoneless.Zone(); z != "" {
+			t.Fatalf("call %d: core's Offering.Zone() of the zoneless offering is %q, want \"\"", i, z)
+		}
+	}
+	zone := func(op corev1.NodeSelectorOperator, values ...string) scheduling.Requirements {
+		return scheduling.NewRequirements(scheduling.NewRequirement(corev1.LabelTopologyZone, op, values...))
+	}
+	for _, tc := range []struct {
+		name  string
+		reqs  scheduling.Requirements
+		zones []string // zones of the compatible offerings ("" for none)
+	}{
+		{"no zone asked", scheduling.NewRequirements(), []string{"", "us-east-1a"}},
+		{"its zone asked", zone(corev1.NodeSelectorOpIn, "us-east-1a"), []string{"us-east-1a"}},
+		{"another zone asked", zone(corev1.NodeSelectorOpIn, "us-east-1c"), nil},
+		{"any of several zones", zone(corev1.NodeSelectorOpIn, "us-east-1a", "us-east-1b"), []string{"us-east-1a"}},
+	} {
+		var got []string
+		for _, of := range it.Offerings.Compatible(tc.reqs) {
+			got = append(got, KeyOf(it.Name, of).Zone)
+		}
+		sort.Strings(got)
+		if strings.Join(got, ",") != strings.Join(tc.zones, ",") {
+			t.Errorf("%s: compatible offerings in zones %q, want %q", tc.name, got, tc.zones)
 		}
 	}
 }

@@ -50,7 +50,10 @@ const (
 //     providerID, bootstrap taints and labels, capacity and allocatable;
 //   - posts Ready and heartbeats, renews the Node Lease, and removes the
 //     node.kubernetes.io/not-ready taint TaintNodesByCondition admission adds;
-//   - runs the Pods bound to its Nodes (Running, Ready, podIP) and finishes
+//   - runs the Pods bound to its Nodes (Running, Ready, podIP; a container
+//     with a readiness or startup probe never becomes ready: a simulated
+//     container serves nothing, so every probe a real kubelet would send it
+//     fails, as against the pause image) and finishes
 //     terminating ones as a kubelet does: a Pod stays Running and Ready while
 //     its preStop hooks run, within its termination grace period, and is
 //     deleted for good once its containers stopped (terminationDone);
@@ -344,7 +347,7 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 		}
 		return reconcile.Result{}, err
 	}
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || podRunningAndReady(pod) {
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || podStarted(pod) {
 		return reconcile.Result{}, nil
 	}
 	now := metav1.Now()
@@ -371,8 +374,16 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 	if st.QOSClass == "" {
 		st.QOSClass = qosClass(pod)
 	}
+	ready := true
+	for _, c := range pod.Spec.Containers {
+		ready = ready && containerReady(c)
+	}
 	for _, t := range []corev1.PodConditionType{"PodReadyToStartContainers", corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady, corev1.PodScheduled} {
-		setPodCondition(st, corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: now})
+		c := corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: now}
+		if !ready && (t == corev1.ContainersReady || t == corev1.PodReady) {
+			c.Status, c.Reason = corev1.ConditionFalse, "ContainersNotReady"
+		}
+		setPodCondition(st, c)
 	}
 	st.InitContainerStatuses = nil
 	for _, c := range pod.Spec.InitContainers {
@@ -385,7 +396,7 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 	for _, c := range pod.Spec.Containers {
 		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: imageID(c.Image), ContainerID: containerID(),
-			Ready: true, Started: ptr.To(true),
+			Ready: containerReady(c), Started: ptr.To(c.StartupProbe == nil),
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
@@ -432,13 +443,28 @@ func (k *simKubelet) podHost(ctx context.Context, nodeName string) (string, bool
 	return in.PrivateIP, node.Annotations[InstanceIDAnnotation] == in.ID, nil
 }
 
-func podRunningAndReady(p *corev1.Pod) bool {
-	if p.Status.Phase != corev1.PodRunning {
+// containerReady tells whether a simulated container becomes ready: only
+// without a readiness or startup probe, since it answers none.
+func containerReady(c corev1.Container) bool {
+	return c.ReadinessProbe == nil && c.StartupProbe == nil
+}
+
+// podStarted tells whether the kubelet started the Pod already: Running,
+// with a status for each container and a Ready condition that says what the
+// containers' probes allow.
+func podStarted(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != len(p.Spec.Containers) {
 		return false
+	}
+	want := corev1.ConditionTrue
+	for _, c := range p.Spec.Containers {
+		if !containerReady(c) {
+			want = corev1.ConditionFalse
+		}
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
+			return c.Status == want
 		}
 	}
 	return false

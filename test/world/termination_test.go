@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -124,4 +125,45 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// testReadinessProbe: a simulated container serves nothing, so a pod whose
+// container has a readiness probe runs but never becomes Ready (as the pause
+// image behind an HTTP probe on a real kubelet: Karpenter's drift spec on
+// unhealthy PodDisruptionBudgets relies on it); one without a probe does.
+func testReadinessProbe(ctx context.Context, t *testing.T, w *world.World, node string) {
+	spoke := w.Spoke.Client
+	pod := func(name string, probe *corev1.Probe) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: corev1.PodSpec{
+				NodeName:    node,
+				Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+				Containers:  []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10", ReadinessProbe: probe}},
+			},
+		}
+	}
+	probed := pod("probed", &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}})
+	plain := pod("unprobed", nil)
+	for _, p := range []*corev1.Pod{probed, plain} {
+		if err := spoke.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(ctx, t, 30*time.Second, "both pods running, the unprobed one Ready", func(ctx context.Context) (bool, string, error) {
+		for _, p := range []*corev1.Pod{probed, plain} {
+			if err := spoke.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+				return false, "", err
+			}
+		}
+		return probed.Status.Phase == corev1.PodRunning && podReady(plain), fmt.Sprintf("probed %s, unprobed %s ready=%v", probed.Status.Phase, plain.Status.Phase, podReady(plain)), nil
+	})
+	if podReady(probed) || len(probed.Status.ContainerStatuses) != 1 || probed.Status.ContainerStatuses[0].Ready {
+		t.Errorf("a pod whose readiness probe nothing answers is Ready: %+v", probed.Status)
+	}
+	for _, p := range []*corev1.Pod{probed, plain} {
+		if err := spoke.Delete(ctx, p, client.GracePeriodSeconds(0)); err != nil {
+			t.Error(err)
+		}
+	}
 }

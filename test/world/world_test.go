@@ -261,6 +261,7 @@ func testLifecycle(ctx context.Context, t *testing.T, w *world.World) {
 	t.Logf("Deployment available %s after creation", time.Since(podsStart).Round(100*time.Millisecond))
 	testDaemonSet(ctx, t, w, 3)
 	testPodTermination(ctx, t, w, nodes[0].Name)
+	testReadinessProbe(ctx, t, w, nodes[0].Name)
 
 	// Scale to zero: Cluster API drains and deletes the Machines, the
 	// simulated AWS terminates the instances, the Nodes go away.
