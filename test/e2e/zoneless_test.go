@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -80,4 +83,48 @@ func watchNodeClaimNames(t *testing.T, pool string) func() map[string]bool {
 		}
 		return out
 	}
+}
+
+// Pods that spread over zones, beside a cheaper MachineDeployment without a
+// failure domain: Karpenter pins each of their NodeClaims to a zone, and the
+// zoneless MachineDeployment (whose instances land wherever the
+// infrastructure puts them: here always the first zone) must not serve them,
+// or the spread collapses into one zone (Karpenter's
+// DefaultTopologySpreadConstraints conformance specs saw exactly that). A pod
+// that asks for no zone still gets the cheaper zoneless one.
+func TestZoneSpreadIsNotServedByAZonelessMachineDeployment(t *testing.T) {
+	pool(t, "zs")
+	anywhere := machineDeployment(t, "zs", "zs-m6i-large", "m6i.large", "", map[string]string{v1alpha1.PriceAnnotation: "0.09"})
+	zones := w.AWS.Zones()
+	mds := []*clusterv1.MachineDeployment{anywhere}
+	for _, z := range zones[:3] {
+		mds = append(mds, machineDeployment(t, "zs", "zs-r5-large-"+z, "r5.large", z, map[string]string{v1alpha1.PriceAnnotation: "0.126"}))
+	}
+	podDeployment(t, "zs", "zs-spread", 3, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500m")}, func(s *corev1.PodSpec) {
+		s.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone, WhenUnsatisfiable: corev1.DoNotSchedule,
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "zs-spread"}},
+		}}
+	})
+	spread := waitAppNodes(t, 4*time.Minute, "zs-spread", 3)
+	inZone := map[string]bool{}
+	for _, n := range spread {
+		if got := n.Labels[corev1.LabelInstanceTypeStable]; got != "r5.large" {
+			t.Errorf("spread pod on %s (%s), want r5.large: a zoneless offering served a NodeClaim pinned to a zone", n.Name, got)
+		}
+		inZone[n.Labels[corev1.LabelTopologyZone]] = true
+	}
+	if len(inZone) != 3 {
+		t.Errorf("the spread pods run in zones %v, want 3 distinct zones", inZone)
+	}
+
+	deployment(t, "zs", "zs-any", 1, "1500m")
+	anyNodes := waitAppNodes(t, 4*time.Minute, "zs-any", 1)
+	if got := anyNodes[0].Labels[corev1.LabelInstanceTypeStable]; got != "m6i.large" {
+		t.Errorf("a pod that asks for no zone runs on %s, want the cheaper zoneless m6i.large", got)
+	}
+	got := waitCounts(t, 2*time.Minute, "zs", "zs-spread", mds, func(c counts) bool {
+		return c.NodeClaims == 4 && c.Machines == 4 && c.BoundMachines == 4
+	})
+	t.Logf("spread over %v, the unconstrained pod on %s: %s", inZone, anyNodes[0].Labels[corev1.LabelInstanceTypeStable], got)
 }
