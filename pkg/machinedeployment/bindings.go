@@ -173,7 +173,10 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			// the MachineSet would pick one by its own deletion order,
 			// possibly a bound one.
 			if victim := pickVictim(use.victims, taken, since.Add(-bindSkew)); victim != nil {
-				if err := p.markSpare(ctx, victim); err != nil {
+				if err := p.markSpare(ctx, victim); errors.Is(err, errMachineChanged) {
+					later(time.Second) // bound or changed since the cache's read: decide again
+					continue
+				} else if err != nil {
 					return 0, err
 				}
 				taken[victim.Name] = true
@@ -195,7 +198,10 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			}
 		}
 		if idx < 0 {
-			if o, err := c.stranded(ctx, md, claim, since, use, taken, now); err != nil {
+			if o, err := c.stranded(ctx, md, claim, since, use, taken, now); errors.Is(err, errMachineChanged) {
+				later(time.Second) // its victim changed since the cache's read: decide again
+				continue
+			} else if err != nil {
 				return 0, err
 			} else if o != nil {
 				ops = append(ops, o)

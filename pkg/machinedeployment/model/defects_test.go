@@ -16,6 +16,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
 // Deterministic scenarios for the defects of issue 16, one each, in the
@@ -318,4 +319,59 @@ func TestMemberLabelOnTheMachineTemplateDoesNotStallLaunches(t *testing.T) {
 	}
 	w.ownersMachinesUntouched(t)
 	w.noFailures(t)
+}
+
+// bindAsEarlierProcess binds a Machine to a claim the way a provider process
+// before a restart did: the new process does not remember it.
+func (w *world) bindAsEarlierProcess(machine, claim string) {
+	w.t.Helper()
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	for _, m := range w.machines() {
+		if m.Name == machine {
+			m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
+			w.must(w.hub.API.Update(context.Background(), &m))
+			return
+		}
+	}
+	w.t.Fatalf("no Machine %s", machine)
+}
+
+// Model seeds 25 and 37: a stranded reservation gives its replica back with
+// an unbound Machine picked from the cache; a Machine bound since (by the
+// process before a restart, which the cache does not show yet) is not that
+// Machine, whatever the cache says.
+func TestAStrandedReservationNeverMarksAMachineBoundSinceTheCachesRead(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile() // the provider has counted its (no) replicas
+	a, b := w.newClaim(), w.newClaim()
+	_, _ = w.create(a), w.create(b) // two replicas raised, no Machine yet
+	w.runMachineSets()
+	// Both Machines boot before anyone binds them: Nodes that run (the
+	// spoke shows none awaiting registration), so neither is bindable and
+	// both reservations strand.
+	w.runInfrastructure()
+	w.runInfrastructure()
+	w.hub.Sync()
+	w.hub.SetLag(true)
+	var ms []string
+	for _, m := range w.machines() {
+		ms = append(ms, m.Name)
+	}
+	if len(ms) != 2 {
+		t.Fatalf("want 2 Machines, got %v", ms)
+	}
+	// The process before a restart bound the Machine the victim order puts
+	// first (same age: the greater name) to a; the cache does not show it.
+	w.bindAsEarlierProcess(ms[1], a)
+	w.restart()
+	w.now = w.now.Add(machinedeployment.OrphanGrace + time.Second)
+	w.reconcile() // b is stranded: its victim is not a's Machine
+	w.noFailures(t)
+	w.hub.SetLag(false)
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+	if m := w.machineOf(a); m == nil || m.Name != ms[1] {
+		t.Errorf("NodeClaim %s lost its Machine %s: bound now to %v", a, ms[1], m)
+	}
 }
