@@ -375,3 +375,53 @@ func TestAStrandedReservationNeverMarksAMachineBoundSinceTheCachesRead(t *testin
 		t.Errorf("NodeClaim %s lost its Machine %s: bound now to %v", a, ms[1], m)
 	}
 }
+
+// reservations lists the MachineDeployments holding a reservation for claim
+// (API server's truth).
+func (w *world) reservations(claim string) []string {
+	var out []string
+	for _, md := range w.mds {
+		if pending, _ := hub.PendingNodeClaims(w.md(md)); !pending[claim].IsZero() {
+			out = append(out, md)
+		}
+	}
+	return out
+}
+
+// Model seed 33: a launch failure that a process before a restart handled
+// (Machine marked, the claim raised for on the next offering) is not
+// handled again on a cache that still shows the Machine bound and
+// unmarked: that chose afresh and raised a second replica for the claim,
+// on another MachineDeployment, and two Machines were bound to it.
+func TestAFailedLaunchHandledBeforeARestartIsNotFailedAgain(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	w.exhausted["cheap"] = true
+	a := w.newClaim()
+	_ = w.create(a) // raised on cheap
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile() // binds the new Machine to a
+	w.hub.Sync()
+	w.now = w.now.Add(time.Minute)
+	w.reconcile()         // drops a's reservation: it is bound
+	w.runInfrastructure() // its launch fails
+	w.hub.Sync()
+	w.hub.SetLag(true) // the cache stops here: bound, unmarked, failed
+	_ = w.create(a)    // released, raised again on dear
+	if got := w.reservations(a); len(got) != 1 || got[0] != "dear" {
+		t.Fatalf("NodeClaim %s reserved on %v after its launch failed on cheap, want [dear]", a, got)
+	}
+	w.restart()
+	_ = w.create(a) // the new process: the cache still shows the failed Machine bound
+	if got := w.reservations(a); len(got) != 1 {
+		t.Fatalf("NodeClaim %s reserved on %v after a restart, want one MachineDeployment", a, got)
+	}
+	w.hub.SetLag(false)
+	w.rounds(20, w.launched(a))
+	if !w.launched(a)() {
+		t.Fatalf("NodeClaim %s not launched in 20 rounds", a)
+	}
+	w.noFailures(t)
+}
+
