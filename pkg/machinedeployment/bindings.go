@@ -138,24 +138,20 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		return candidates[i].CreationTimestamp.Before(&candidates[j].CreationTimestamp)
 	})
 	taken := map[string]bool{} // Machines bound or given back in this pass
-	alive := map[string]bool{} // "<ns>/<name>" of Machines not being deleted
-	for i := range machines.Items {
-		if m := &machines.Items[i]; m.DeletionTimestamp.IsZero() {
-			alive[m.Namespace+"/"+m.Name] = true
-		}
-	}
 	for _, claim := range claims {
 		since := pending[claim]
 		// A Machine bound elsewhere (another MachineSet, or a race) settles
 		// it, and so does a binding this process made that the cache does
 		// not show yet, unless that Machine went away since: the claim was
-		// raised for again and needs another.
-		if machine, ok := p.recent.claimMachine(claim, now); ok {
-			if alive[machine] {
-				cleanup(&op{kind: opBound, name: claim}, since)
-				continue
-			}
-			p.recent.forget(claim)
+		// raised for again and needs another. That Machine may be another
+		// MachineDeployment's (a claim with a reservation on each): looking
+		// only among this one's Machines bound a second Machine to the
+		// claim (model seed 33).
+		if ok, err := p.recentlyBoundAlive(ctx, claim); err != nil {
+			return 0, err
+		} else if ok {
+			cleanup(&op{kind: opBound, name: claim}, since)
+			continue
 		}
 		if m, err := p.BoundMachine(ctx, claim); err != nil {
 			return 0, err

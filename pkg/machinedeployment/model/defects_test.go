@@ -425,3 +425,31 @@ func TestAFailedLaunchHandledBeforeARestartIsNotFailedAgain(t *testing.T) {
 	w.noFailures(t)
 }
 
+// Model seed 33: a claim reserved on two MachineDeployments is bound on one
+// by this process; until the cache shows it, the other's reconcile takes
+// that binding (made on another MachineDeployment) as the claim's, and
+// binds no second Machine.
+func TestABindingOnAnotherMachineDeploymentSettlesTheClaim(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	_ = w.create(a) // raised on cheap
+	// A reservation for a on dear too, as two processes' choices left it.
+	w.acting.Store(true)
+	dear := w.md("dear")
+	dear.Spec.Replicas = ptr.To(ptr.Deref(dear.Spec.Replicas, 0) + 1)
+	pending, _ := hub.PendingNodeClaims(dear)
+	pending[a] = w.now.UTC().Truncate(time.Second)
+	hub.SetPendingNodeClaims(dear, pending)
+	dear.Annotations[machinedeployment.OwnedReplicasAnnotation] = "1"
+	w.must(w.hub.API.Update(context.Background(), dear))
+	w.acting.Store(false)
+	w.runMachineSets()
+	w.hub.Sync()
+	w.hub.SetLag(true) // the cache will not show the binding below
+	w.reconcile()      // cheap binds its Machine to a; dear must not bind
+	w.noFailures(t)
+	w.hub.SetLag(false)
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+}
