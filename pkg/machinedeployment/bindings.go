@@ -88,7 +88,13 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		m := &machines.Items[i]
 		existing[m.Name] = true
 		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
-			if since, ok := pending[claim]; ok {
+			// A Machine released by the provider (marked: its launch
+			// failed, or its NodeClaim went) keeps the annotation but is
+			// not the claim's any more: the claim was raised for again,
+			// and that reservation awaits a Machine of its own. Taking it
+			// as bound dropped the new reservation, and the claim never
+			// launched (model seeds 20, 44).
+			if since, ok := pending[claim]; ok && !isMarked(m) {
 				cleanup(&op{kind: opBound, name: claim}, since)
 				delete(pending, claim)
 			}

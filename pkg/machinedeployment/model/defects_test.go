@@ -453,3 +453,44 @@ func TestABindingOnAnotherMachineDeploymentSettlesTheClaim(t *testing.T) {
 	w.rounds(60, func() bool { return false })
 	w.noFailures(t)
 }
+
+// Model seeds 20 and 44: a NodeClaim whose Machine was released (its launch
+// failed) is raised for again before the MachineSet removed that Machine;
+// the released Machine still carries the claim's annotation but does not
+// settle the new reservation: the claim gets a Machine of its own.
+func TestAReleasedMachineDoesNotSettleTheClaimsNewReservation(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	_ = w.create(a) // raised on cheap
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile() // binds the new Machine to a
+	m := w.machineOf(a)
+	if m == nil {
+		t.Fatal("no Machine bound")
+	}
+	w.hub.Sync()
+	w.now = w.now.Add(time.Minute)
+	w.reconcile() // drops a's reservation: it is bound
+	w.hub.Sync()
+	// The launch is given up (as on a failure): the Machine is released.
+	w.acting.Store(true) // setup, not a decision under test
+	w.must(w.provider.Release(context.Background(), a, m))
+	w.acting.Store(false)
+	w.restart() // and forgotten, as fail does
+	w.hub.Sync()
+	_ = w.create(a) // raised on cheap again; the MachineSet keeps the released Machine
+	w.runMachineSets()
+	w.hub.Sync()
+	w.now = w.now.Add(15 * time.Second) // past cleanupDelay, within OrphanGrace
+	w.reconcile()
+	if got := w.reservations(a); len(got) != 1 {
+		t.Fatalf("NodeClaim %s's new reservation was dropped (reserved on %v) while no Machine of its own is bound", a, got)
+	}
+	w.rounds(60, w.launched(a))
+	if !w.launched(a)() {
+		t.Fatalf("NodeClaim %s not launched in 60 rounds", a)
+	}
+	w.noFailures(t)
+}
