@@ -57,18 +57,7 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 	}
 	key := types.NamespacedName{Namespace: m.Namespace, Name: mdName}
 	release := &op{kind: opRelease, name: m.Name}
-	ops := []*op{release}
-	if !wasMarked {
-		// The claim's reservation may still be listed (its cleanup rides
-		// along with a later write): it is the replica of this very
-		// Machine, given back by the release. Left listed, the controller
-		// gave it back a second time once the NodeClaim was gone, taking
-		// someone else's replica or undercounting the owned ones (model
-		// seeds 30, 48). Not on a retry: the claim may have been raised for
-		// again since the mark, and that reservation is a replica of its own.
-		ops = []*op{{kind: opBound, name: claim}, release}
-	}
-	if err := p.scaler.Apply(ctx, key, ops...); err != nil {
+	if err := p.scaler.Apply(ctx, key, release); err != nil {
 		return err
 	}
 	failpoint.Crash(StepRelease)

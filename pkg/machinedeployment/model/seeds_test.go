@@ -189,33 +189,3 @@ func TestAReleasedMachineDoesNotSettleTheClaimsNewReservation(t *testing.T) {
 	}
 	w.noFailures(t)
 }
-
-// Model seeds 30 and 48: a NodeClaim deleted while its reservation is still
-// listed (the cleanup rides along with a later write) gives its replica back
-// once, with its Machine: the reservation is not given back a second time
-// once the NodeClaim is gone, which took another NodeClaim's owned replica.
-func TestAReleaseGivesTheReplicaBackOnceWhileTheReservationIsListed(t *testing.T) {
-	w := newWorld(t, map[string]int32{"cheap": 2, "dear": 0}, nil, nil)
-	w.reconcile()
-	a, b := w.newClaim(), w.newClaim()
-	w.rounds(10, w.launched(a, b))
-	if !w.launched(a, b)() {
-		t.Fatalf("NodeClaims %s %s not launched in 10 rounds", a, b)
-	}
-	if got := w.reservations(a); len(got) != 1 {
-		t.Fatalf("want a's reservation still listed (cleanup pending), got %v", got)
-	}
-	w.claims[a].deleting = true
-	w.rounds(60, func() bool { return false })
-	w.noFailures(t)
-	if n, _ := owned(w.md("cheap")); n != 1 {
-		t.Errorf("cheap owns %d replicas, want 1 (b's)", n)
-	}
-	if got := w.replicas("cheap"); got != 3 {
-		t.Errorf("cheap has %d replicas, want 3 (the owner's 2 and b's)", got)
-	}
-	if w.machineOf(b) == nil {
-		t.Errorf("NodeClaim %s lost its Machine", b)
-	}
-	w.ownersMachinesUntouched(t)
-}
