@@ -88,7 +88,13 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		m := &machines.Items[i]
 		existing[m.Name] = true
 		if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
-			if since, ok := pending[claim]; ok {
+			// A Machine released by the provider (marked: its launch
+			// failed, or its NodeClaim went) keeps the annotation but is
+			// not the claim's any more: the claim was raised for again,
+			// and that reservation awaits a Machine of its own. Taking it
+			// as bound dropped the new reservation, and the claim never
+			// launched (model seeds 20, 44).
+			if since, ok := pending[claim]; ok && !isMarked(m) {
 				cleanup(&op{kind: opBound, name: claim}, since)
 				delete(pending, claim)
 			}
@@ -138,24 +144,20 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		return candidates[i].CreationTimestamp.Before(&candidates[j].CreationTimestamp)
 	})
 	taken := map[string]bool{} // Machines bound or given back in this pass
-	alive := map[string]bool{} // "<ns>/<name>" of Machines not being deleted
-	for i := range machines.Items {
-		if m := &machines.Items[i]; m.DeletionTimestamp.IsZero() {
-			alive[m.Namespace+"/"+m.Name] = true
-		}
-	}
 	for _, claim := range claims {
 		since := pending[claim]
 		// A Machine bound elsewhere (another MachineSet, or a race) settles
 		// it, and so does a binding this process made that the cache does
 		// not show yet, unless that Machine went away since: the claim was
-		// raised for again and needs another.
-		if machine, ok := p.recent.claimMachine(claim, now); ok {
-			if alive[machine] {
-				cleanup(&op{kind: opBound, name: claim}, since)
-				continue
-			}
-			p.recent.forget(claim)
+		// raised for again and needs another. That Machine may be another
+		// MachineDeployment's (a claim with a reservation on each): looking
+		// only among this one's Machines bound a second Machine to the
+		// claim (model seed 33).
+		if ok, err := p.recentlyBoundAlive(ctx, claim); err != nil {
+			return 0, err
+		} else if ok {
+			cleanup(&op{kind: opBound, name: claim}, since)
+			continue
 		}
 		if m, err := p.BoundMachine(ctx, claim); err != nil {
 			return 0, err
@@ -173,7 +175,10 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			// the MachineSet would pick one by its own deletion order,
 			// possibly a bound one.
 			if victim := pickVictim(use.victims, taken, since.Add(-bindSkew)); victim != nil {
-				if err := p.markSpare(ctx, victim); err != nil {
+				if err := p.markSpare(ctx, victim); errors.Is(err, errMachineChanged) {
+					later(time.Second) // bound or changed since the cache's read: decide again
+					continue
+				} else if err != nil {
 					return 0, err
 				}
 				taken[victim.Name] = true
@@ -195,7 +200,10 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			}
 		}
 		if idx < 0 {
-			if o, err := c.stranded(ctx, md, claim, since, use, taken, now); err != nil {
+			if o, err := c.stranded(ctx, md, claim, since, use, taken, now); errors.Is(err, errMachineChanged) {
+				later(time.Second) // its victim changed since the cache's read: decide again
+				continue
+			} else if err != nil {
 				return 0, err
 			} else if o != nil {
 				ops = append(ops, o)

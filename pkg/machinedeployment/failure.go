@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/launch"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
@@ -34,6 +35,17 @@ func (e *launchFailedError) Unwrap() error { return e.err }
 // this Machine is released (marked, its replica given back), so that the
 // MachineDeployment does not keep a failed replica.
 func (p *Provider) fail(ctx context.Context, claim string, m *clusterv1.Machine, f launch.LaunchFailure) error {
+	if handled, err := p.failureHandled(ctx, claim, m); err != nil {
+		return err
+	} else if handled {
+		// An earlier call released this Machine already (maybe a process
+		// before a restart, which remembers nothing): the claim was raised
+		// for again then, maybe on another MachineDeployment the cache
+		// does not show yet. Failing it again would choose afresh and
+		// raise a second replica for the claim (model seed 33: bound on two
+		// MachineDeployments). Core retries once the cache shows the mark.
+		return fmt.Errorf("NodeClaim %s: the failed launch of Machine %s/%s was handled already, the cache lags: %w", claim, m.Namespace, m.Name, ErrStillLaunching)
+	}
 	kind := "failed"
 	if f.InsufficientCapacity {
 		kind = "insufficient_capacity"
@@ -127,4 +139,20 @@ func (p *Provider) deleteMachine(ctx context.Context, m *clusterv1.Machine) erro
 	default:
 		return fmt.Errorf("deleting Machine %s/%s: %w", m.Namespace, m.Name, err)
 	}
+}
+
+// failureHandled reports whether the Machine whose launch failed is, by a
+// live read, released already (marked or being deleted), gone, or no longer
+// bound to claim: the cache showed it bound and unmarked because it lags.
+func (p *Provider) failureHandled(ctx context.Context, claim string, m *clusterv1.Machine) (bool, error) {
+	live := &clusterv1.Machine{}
+	err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live)
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("reading Machine %s/%s whose launch failed: %w", m.Namespace, m.Name, err)
+	}
+	_, marked := live.Annotations[clusterv1.DeleteMachineAnnotation]
+	return marked || live.UID != m.UID || !live.DeletionTimestamp.IsZero() || live.Annotations[v1alpha1.NodeClaimAnnotation] != claim, nil
 }

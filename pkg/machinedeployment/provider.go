@@ -171,24 +171,37 @@ func (p *Provider) reserved(ctx context.Context, claim string) (bool, error) {
 		return true, nil
 	}
 	// Bound by this process, and the cache does not show it yet.
-	if machine, ok := p.recent.claimMachine(claim, p.now()); ok {
-		ns, name, _ := strings.Cut(machine, "/")
-		m := &clusterv1.Machine{}
-		err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, m)
-		switch {
-		case err == nil && m.DeletionTimestamp.IsZero():
-			return true, nil
-		case err == nil || apierrors.IsNotFound(err):
-			p.recent.forget(claim) // gone: the claim needs another replica
-		default:
-			return false, fmt.Errorf("reading Machine %s bound to NodeClaim %s: %w", machine, claim, err)
-		}
+	if ok, err := p.recentlyBoundAlive(ctx, claim); err != nil || ok {
+		return ok, err
 	}
 	mds := &clusterv1.MachineDeploymentList{}
 	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}); err != nil {
 		return false, fmt.Errorf("looking up MachineDeployments pending for NodeClaim %s: %w", claim, err)
 	}
 	return len(mds.Items) > 0, nil
+}
+
+// recentlyBoundAlive reports whether the Machine this process bound to
+// claim lately, which the cache may not show bound yet, still exists and is
+// not being deleted, on whichever MachineDeployment. A binding whose Machine
+// went away is forgotten: the claim needs another replica.
+func (p *Provider) recentlyBoundAlive(ctx context.Context, claim string) (bool, error) {
+	machine, ok := p.recent.claimMachine(claim, p.now())
+	if !ok {
+		return false, nil
+	}
+	ns, name, _ := strings.Cut(machine, "/")
+	m := &clusterv1.Machine{}
+	err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, m)
+	switch {
+	case err == nil && m.DeletionTimestamp.IsZero():
+		return true, nil
+	case err == nil || apierrors.IsNotFound(err):
+		p.recent.forget(claim)
+		return false, nil
+	default:
+		return false, fmt.Errorf("reading Machine %s bound to NodeClaim %s: %w", machine, claim, err)
+	}
 }
 
 func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {

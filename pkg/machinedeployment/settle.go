@@ -2,6 +2,7 @@ package machinedeployment
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -44,7 +45,9 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 	}
 	if victim := pickVictim(use.victims, taken, time.Time{}); victim != nil {
 		log.FromContext(ctx).Info("giving back a replica no NodeClaim uses", "MachineDeployment", key, "Machine", victim.Name)
-		if err := c.provider.markSpare(ctx, victim); err != nil {
+		if err := c.provider.markSpare(ctx, victim); errors.Is(err, errMachineChanged) {
+			return nil, time.Second, nil // bound or changed since the cache's read: decide again
+		} else if err != nil {
 			return nil, 0, err
 		}
 		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",

@@ -60,7 +60,6 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 			return nil, nil
 		}
 	}
-	p.inflight.Delete(claim) // the next Create raises again
 	victim := pickVictim(use.victims, taken, since.Add(-bindSkew))
 	owned, _, _ := ownedReplicas(md)
 	if victim == nil && replicas <= owned {
@@ -70,9 +69,12 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 		victim = pickVictim(use.victims, taken, time.Time{})
 	}
 	if victim != nil {
+		// errMachineChanged: the victim was bound or changed since the
+		// cache's read; the caller decides again on a fresh one.
 		if err := p.markSpare(ctx, victim); err != nil {
 			return nil, err
 		}
+		p.inflight.Delete(claim) // the next Create raises again
 		taken[victim.Name] = true
 		log.FromContext(ctx).Info("giving back a reservation whose Machine came up unbound", "MachineDeployment", key, "NodeClaim", claim, "Machine", victim.Name)
 		c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaGivenBack",
@@ -80,6 +82,7 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 		metrics.OrphansReleased.WithLabelValues("replica").Inc()
 		return &op{kind: opGiveBack, name: claim}, nil
 	}
+	p.inflight.Delete(claim) // the next Create raises again
 	log.FromContext(ctx).Info("dropping a reservation whose replica someone else took away", "MachineDeployment", key, "NodeClaim", claim, "replicas", replicas)
 	c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReservationLost",
 		fmt.Sprintf("the replica raised for NodeClaim %s was taken away (replicas lowered by someone else): the NodeClaim raises again", claim))

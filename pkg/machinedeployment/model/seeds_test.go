@@ -1,0 +1,191 @@
+package model
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"k8s.io/utils/ptr"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+)
+
+// Deterministic scenarios for what random seeds of TestBindingModel found
+// (docs/design/machinedeployment-binding.md, "Open findings"), one each.
+// Each fails on the code before its fix.
+
+// bindAsEarlierProcess binds a Machine to a claim the way a provider process
+// before a restart did: the new process does not remember it.
+func (w *world) bindAsEarlierProcess(machine, claim string) {
+	w.t.Helper()
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	for _, m := range w.machines() {
+		if m.Name == machine {
+			m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
+			w.must(w.hub.API.Update(context.Background(), &m))
+			return
+		}
+	}
+	w.t.Fatalf("no Machine %s", machine)
+}
+
+// Model seeds 25 and 37: a stranded reservation gives its replica back with
+// an unbound Machine picked from the cache; a Machine bound since (by the
+// process before a restart, which the cache does not show yet) is not that
+// Machine, whatever the cache says.
+func TestAStrandedReservationNeverMarksAMachineBoundSinceTheCachesRead(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile() // the provider has counted its (no) replicas
+	a, b := w.newClaim(), w.newClaim()
+	_, _ = w.create(a), w.create(b) // two replicas raised, no Machine yet
+	w.runMachineSets()
+	// Both Machines boot before anyone binds them: Nodes that run (the
+	// spoke shows none awaiting registration), so neither is bindable and
+	// both reservations strand.
+	w.runInfrastructure()
+	w.runInfrastructure()
+	w.hub.Sync()
+	w.hub.SetLag(true)
+	var ms []string
+	for _, m := range w.machines() {
+		ms = append(ms, m.Name)
+	}
+	if len(ms) != 2 {
+		t.Fatalf("want 2 Machines, got %v", ms)
+	}
+	// The process before a restart bound the Machine the victim order puts
+	// first (same age: the greater name) to a; the cache does not show it.
+	w.bindAsEarlierProcess(ms[1], a)
+	w.restart()
+	w.now = w.now.Add(machinedeployment.OrphanGrace + time.Second)
+	w.reconcile() // b is stranded: its victim is not a's Machine
+	w.noFailures(t)
+	w.hub.SetLag(false)
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+	if m := w.machineOf(a); m == nil || m.Name != ms[1] {
+		t.Errorf("NodeClaim %s lost its Machine %s: bound now to %v", a, ms[1], m)
+	}
+}
+
+// reservations lists the MachineDeployments holding a reservation for claim
+// (API server's truth).
+func (w *world) reservations(claim string) []string {
+	var out []string
+	for _, md := range w.mds {
+		if pending, _ := hub.PendingNodeClaims(w.md(md)); !pending[claim].IsZero() {
+			out = append(out, md)
+		}
+	}
+	return out
+}
+
+// Model seed 33: a launch failure that a process before a restart handled
+// (Machine marked, the claim raised for on the next offering) is not
+// handled again on a cache that still shows the Machine bound and
+// unmarked: that chose afresh and raised a second replica for the claim,
+// on another MachineDeployment, and two Machines were bound to it.
+func TestAFailedLaunchHandledBeforeARestartIsNotFailedAgain(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	w.exhausted["cheap"] = true
+	a := w.newClaim()
+	_ = w.create(a) // raised on cheap
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile() // binds the new Machine to a
+	w.hub.Sync()
+	w.now = w.now.Add(time.Minute)
+	w.reconcile()         // drops a's reservation: it is bound
+	w.runInfrastructure() // its launch fails
+	w.hub.Sync()
+	w.hub.SetLag(true) // the cache stops here: bound, unmarked, failed
+	_ = w.create(a)    // released, raised again on dear
+	if got := w.reservations(a); len(got) != 1 || got[0] != "dear" {
+		t.Fatalf("NodeClaim %s reserved on %v after its launch failed on cheap, want [dear]", a, got)
+	}
+	w.restart()
+	_ = w.create(a) // the new process: the cache still shows the failed Machine bound
+	if got := w.reservations(a); len(got) != 1 {
+		t.Fatalf("NodeClaim %s reserved on %v after a restart, want one MachineDeployment", a, got)
+	}
+	w.hub.SetLag(false)
+	w.rounds(20, w.launched(a))
+	if !w.launched(a)() {
+		t.Fatalf("NodeClaim %s not launched in 20 rounds", a)
+	}
+	w.noFailures(t)
+}
+
+// Model seed 33: a claim reserved on two MachineDeployments is bound on one
+// by this process; until the cache shows it, the other's reconcile takes
+// that binding (made on another MachineDeployment) as the claim's, and
+// binds no second Machine.
+func TestABindingOnAnotherMachineDeploymentSettlesTheClaim(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	_ = w.create(a) // raised on cheap
+	// A reservation for a on dear too, as two processes' choices left it.
+	w.acting.Store(true)
+	dear := w.md("dear")
+	dear.Spec.Replicas = ptr.To(ptr.Deref(dear.Spec.Replicas, 0) + 1)
+	pending, _ := hub.PendingNodeClaims(dear)
+	pending[a] = w.now.UTC().Truncate(time.Second)
+	hub.SetPendingNodeClaims(dear, pending)
+	dear.Annotations[machinedeployment.OwnedReplicasAnnotation] = "1"
+	w.must(w.hub.API.Update(context.Background(), dear))
+	w.acting.Store(false)
+	w.runMachineSets()
+	w.hub.Sync()
+	w.hub.SetLag(true) // the cache will not show the binding below
+	w.reconcile()      // cheap binds its Machine to a; dear must not bind
+	w.noFailures(t)
+	w.hub.SetLag(false)
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+}
+
+// Model seeds 20 and 44: a NodeClaim whose Machine was released (its launch
+// failed) is raised for again before the MachineSet removed that Machine;
+// the released Machine still carries the claim's annotation but does not
+// settle the new reservation: the claim gets a Machine of its own.
+func TestAReleasedMachineDoesNotSettleTheClaimsNewReservation(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	_ = w.create(a) // raised on cheap
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile() // binds the new Machine to a
+	m := w.machineOf(a)
+	if m == nil {
+		t.Fatal("no Machine bound")
+	}
+	w.hub.Sync()
+	w.now = w.now.Add(time.Minute)
+	w.reconcile() // drops a's reservation: it is bound
+	w.hub.Sync()
+	// The launch is given up (as on a failure): the Machine is released.
+	w.acting.Store(true) // setup, not a decision under test
+	w.must(w.provider.Release(context.Background(), a, m))
+	w.acting.Store(false)
+	w.restart() // and forgotten, as fail does
+	w.hub.Sync()
+	_ = w.create(a) // raised on cheap again; the MachineSet keeps the released Machine
+	w.runMachineSets()
+	w.hub.Sync()
+	w.now = w.now.Add(15 * time.Second) // past cleanupDelay, within OrphanGrace
+	w.reconcile()
+	if got := w.reservations(a); len(got) != 1 {
+		t.Fatalf("NodeClaim %s's new reservation was dropped (reserved on %v) while no Machine of its own is bound", a, got)
+	}
+	w.rounds(60, w.launched(a))
+	if !w.launched(a)() {
+		t.Fatalf("NodeClaim %s not launched in 60 rounds", a)
+	}
+	w.noFailures(t)
+}
