@@ -95,7 +95,12 @@ func scaleUpAndDown(t *testing.T, wc *world.WorkloadCluster, pool string, n int3
 	ta := newTally(wc, pool, app, machines)
 	d := deployment(t, wc, pool, app, n, "1500m") // one per 2-vCPU node
 	start := time.Now()
-	got := ta.wait(t, 4*time.Minute, func(c counts) bool { return c.RunningPods == int(n) && c.Nodes == int(n) })
+	// A NodeClaim of an offering without a zone learns its zone from its
+	// Node, a moment after the Node registers: wait for it too (a NodeClaim
+	// that never gets one times out here).
+	got := ta.wait(t, 4*time.Minute, func(c counts) bool {
+		return c.RunningPods == int(n) && c.Nodes == int(n) && c.Zones[""] == 0
+	})
 	t.Logf("%d pods running after %s: %s", n, time.Since(start).Round(100*time.Millisecond), got)
 	if got.NodeClaims != int(n) || got.Machines != int(n) || got.EverNodeClaims != int(n) {
 		t.Fatalf("want exactly %d NodeClaims, Nodes and Machines and no failed launch, got %s", n, got)
