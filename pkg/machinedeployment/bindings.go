@@ -98,6 +98,14 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 				cleanup(&op{kind: opBound, name: claim}, since)
 				delete(pending, claim)
 			}
+			if released[m.Name] && isMarked(m) {
+				// Released already (marked, its replica given back): it
+				// waits for the MachineSet, which keeps it while others
+				// hold the replicas up. An op for it would change nothing
+				// yet hold back settling spare replicas forever (model
+				// seed 7: nine spare replicas never given back).
+				continue
+			}
 			if gone, err := c.orphaned(ctx, m, claim, now); err != nil {
 				return 0, err
 			} else if gone {
@@ -108,7 +116,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 				} else if err != nil {
 					return 0, err
 				}
-				ops = append(ops, &op{kind: opRelease, name: m.Name})
+				ops = append(ops, releaseOp(m, claim))
 				metrics.OrphansReleased.WithLabelValues("machine").Inc()
 			} else if m.DeletionTimestamp.IsZero() {
 				later(OrphanGrace)
@@ -223,6 +231,12 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 		taken[m.Name] = true
 		cleanup(&op{kind: opBound, name: claim}, since)
+	}
+
+	if wait, err := c.deleteKeptReleased(ctx, md, use, now); err != nil {
+		return 0, err
+	} else if wait > 0 {
+		later(wait)
 	}
 
 	var settle *op

@@ -56,7 +56,7 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 		return err
 	}
 	key := types.NamespacedName{Namespace: m.Namespace, Name: mdName}
-	release := &op{kind: opRelease, name: m.Name}
+	release := releaseOp(m, claim)
 	if err := p.scaler.Apply(ctx, key, release); err != nil {
 		return err
 	}
@@ -75,6 +75,12 @@ func (p *Provider) Release(ctx context.Context, claim string, m *clusterv1.Machi
 		p.Events.Event(m, corev1.EventTypeNormal, "Released", "NodeClaim "+claim+" deleted: marked for deletion and its replica given back")
 	}
 	return nil
+}
+
+// releaseOp gives back the replica of Machine m bound to claim, and with it
+// the claim's reservation if it is the one m was made for (see opRelease).
+func releaseOp(m *clusterv1.Machine, claim string) *op {
+	return &op{kind: opRelease, name: m.Name, claim: claim, since: m.CreationTimestamp.Add(bindSkew)}
 }
 
 // errMachineDeleting: the Machine is being deleted already (a live read).

@@ -43,6 +43,8 @@ type op struct {
 	kind  opKind
 	name  string // NodeClaim or Machine name
 	since time.Time
+	// claim is the NodeClaim an opRelease's Machine is bound to.
+	claim string
 	// bound is the number of bound Machines an opSetOwned counts.
 	bound int32
 	// expect is the owned-replicas count an opSetOwned, opSpare or
@@ -66,7 +68,14 @@ const (
 	opBound
 	// opGiveBack lowers replicas for a NodeClaim that never got a Machine.
 	opGiveBack
-	// opRelease lowers replicas for a Machine marked for deletion.
+	// opRelease lowers replicas for a Machine marked for deletion. With
+	// claim set, it also drops that NodeClaim's reservation when the
+	// reservation is the one the Machine was made for (raised no later
+	// than since: the Machine's creation plus bindSkew), so that one
+	// replica is never given back twice, once with the Machine and once
+	// more for the reservation when the NodeClaim is gone (model seeds 30,
+	// 48). The drop rides only on the first release of the Machine: a
+	// retried release never drops a reservation raised since.
 	opRelease
 	// opForget drops a released Machine that is gone.
 	opForget
@@ -275,6 +284,9 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 				lower(o)
 				owned--
 				changed = true
+				if raised, ok := pending[o.claim]; ok && o.claim != "" && !raised.After(o.since) {
+					delete(pending, o.claim)
+				}
 			}
 		case opForget:
 			if released[o.name] {

@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -67,6 +68,13 @@ func (w *world) checks() interceptor.Funcs {
 // checkReplicas: invariants 3 and 4 (max/min-size, others' replicas).
 func (w *world) checkReplicas(old, md *clusterv1.MachineDeployment) {
 	before, after := ptr.Deref(old.Spec.Replicas, 0), ptr.Deref(md.Spec.Replicas, 0)
+	if w.trace != nil {
+		oo, _ := owned(old)
+		no, _ := owned(md)
+		w.trace(fmt.Sprintf("  write %s: replicas %d->%d owned %d->%d pending %s -> %s released %s -> %s", md.Name, before, after, oo, no,
+			old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation],
+			old.Annotations[hub.ReleasedMachinesAnnotation], md.Annotations[hub.ReleasedMachinesAnnotation]))
+	}
 	if after > before {
 		if maxSize, ok := bound32(md, instancetype.MaxSizeAnnotation); ok && after > maxSize {
 			w.failf("MachineDeployment %s raised to %d replicas, past max-size %d", md.Name, after, maxSize)
@@ -186,6 +194,15 @@ func (w *world) checkSettled() {
 			}
 		}
 		if !ok || n != boundMachines+int32(len(pending)) {
+			if w.trace != nil {
+				for _, m := range w.machines() {
+					if m.Labels[clusterv1.MachineDeploymentNameLabel] == name {
+						w.trace(fmt.Sprintf("  machine %s claim=%q mark=%q deleting=%v node=%v created=%s", m.Name, bound(&m),
+							m.Annotations[clusterv1.DeleteMachineAnnotation], !m.DeletionTimestamp.IsZero(), m.Status.NodeRef.IsDefined(), m.CreationTimestamp.UTC().Format(time.TimeOnly)))
+					}
+				}
+				w.trace("  " + name + " replicas " + fmt.Sprint(ptr.Deref(md.Spec.Replicas, 0)) + " annotations " + fmt.Sprint(md.Annotations))
+			}
 			w.failf("settled: MachineDeployment %s owns %d (%v) replicas, %d bound Machines and %d reservations", name, n, ok, boundMachines, len(pending))
 		}
 		if len(pending) > 0 {

@@ -168,6 +168,9 @@ func runModel(t *testing.T, s int64, n int) {
 	w := newWorld(t, map[string]int32{"cheap": 2, "dear": 1}, nil, nil)
 	var trail []string
 	done := 0
+	if os.Getenv("MODEL_TRACE") != "" {
+		w.trace = func(what string) { trail = append(trail, what) }
+	}
 	for i := 0; i < n && len(w.failures) == 0; i++ {
 		w.step(rng, func(what string) { trail = append(trail, fmt.Sprintf("%d: %s", i, what)) })
 		done++
@@ -176,8 +179,12 @@ func runModel(t *testing.T, s int64, n int) {
 		w.settle()
 	}
 	if len(w.failures) > 0 {
-		if len(trail) > 40 {
-			trail = trail[len(trail)-40:]
+		keep := 40
+		if w.trace != nil {
+			keep = 100000
+		}
+		if len(trail) > keep {
+			trail = trail[len(trail)-keep:]
 		}
 		t.Fatalf("seed %d: invariants broken:\n  %s\nlast steps:\n  %s", s, strings.Join(dedupe(w.failures), "\n  "), strings.Join(trail, "\n  "))
 	}

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
@@ -169,8 +171,9 @@ func TestAReleasedMachineDoesNotSettleTheClaimsNewReservation(t *testing.T) {
 	w.now = w.now.Add(time.Minute)
 	w.reconcile() // drops a's reservation: it is bound
 	w.hub.Sync()
-	// The launch is given up (as on a failure): the Machine is released.
+	// The launch fails and is given up: the Machine is released.
 	w.acting.Store(true) // setup, not a decision under test
+	w.failLaunch(m.Name)
 	w.must(w.provider.Release(context.Background(), a, m))
 	w.acting.Store(false)
 	w.restart() // and forgotten, as fail does
@@ -188,4 +191,98 @@ func TestAReleasedMachineDoesNotSettleTheClaimsNewReservation(t *testing.T) {
 		t.Fatalf("NodeClaim %s not launched in 60 rounds", a)
 	}
 	w.noFailures(t)
+}
+
+// Model seeds 30 and 48: a NodeClaim deleted while its reservation is still
+// listed beside its bound Machine (the controller drops the entry of a
+// bound claim only with a later write, cleanupDelay) gave its one replica
+// back twice: with the Machine (Release) and once more for the reservation
+// when the claim was gone. The second give-back took the replica of another
+// NodeClaim's Machine, and the MachineSet removed a node in use.
+func TestAReleasedClaimsReplicaIsGivenBackOnce(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a, b := w.newClaim(), w.newClaim()
+	_, _ = w.create(a), w.create(b) // two replicas raised on cheap
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile() // binds both; dropping their entries waits for cleanupDelay
+	w.runInfrastructure()
+	w.hub.Sync()
+	_, _ = w.create(a), w.create(b)
+	if !w.launched(a, b)() {
+		t.Fatalf("NodeClaims %s, %s not launched", a, b)
+	}
+	if got := w.reservations(a); len(got) != 1 {
+		t.Fatalf("setup: want %s's reservation still listed beside its bound Machine, got %v", a, got)
+	}
+	mb := w.machineOf(b)
+	w.claims[a].deleting = true
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+	if m := w.machineOf(b); m == nil || m.Name != mb.Name {
+		t.Errorf("NodeClaim %s lost its Machine %s (bound now: %v)", b, mb.Name, m)
+	}
+	if got, live := w.replicas("cheap"), w.liveMachines("cheap"); got != 1 || live != 1 {
+		t.Errorf("cheap has %d replicas and %d live Machines, want 1 and 1 (b's)", got, live)
+	}
+	if n, _ := owned(w.md("cheap")); n != 1 {
+		t.Errorf("cheap owns %d replicas, want 1 (b's)", n)
+	}
+}
+
+// failLaunch makes a Machine's infrastructure machine fail, as CAPA
+// reports InsufficientInstanceCapacity.
+func (w *world) failLaunch(machine string) {
+	w.t.Helper()
+	am := &infrav1.AWSMachine{}
+	w.must(w.hub.API.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: machine}, am))
+	am.Status.FailureReason = ptr.To("InsufficientInstanceCapacity")
+	am.Status.FailureMessage = ptr.To("We currently do not have sufficient capacity")
+	w.must(w.hub.API.Update(context.Background(), am))
+}
+
+// Model seed 7: a released Machine that its MachineSet keeps, because
+// someone raised the replicas as it was released, stayed for ever: its
+// NodeClaim never finished terminating, and the provider released it again
+// at every pass, an op that changed nothing but held back giving spare
+// replicas back (nine owned replicas no NodeClaim used). The provider now
+// deletes such a Machine itself once the MachineSet has settled.
+func TestAReleasedMachineItsMachineSetKeepsIsDeleted(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a, b := w.newClaim(), w.newClaim()
+	_, _ = w.create(a), w.create(b)
+	w.rounds(20, w.launched(a, b))
+	if !w.launched(a, b)() {
+		t.Fatalf("NodeClaims %s, %s not launched", a, b)
+	}
+	ma := w.machineOf(a)
+	// a is deleted; as its Machine is released, someone raises cheap by
+	// one: the MachineSet keeps the marked Machine.
+	w.claims[a].deleting = true
+	w.acting.Store(true)
+	lookup := hub.NewLookup(w.hub.Hub, nil)
+	m, err := lookup.Find(context.Background(), a, nil, "")
+	w.must(err)
+	w.must(w.provider.Release(context.Background(), a, m))
+	w.acting.Store(false)
+	w.setReplicas("cheap", +1)
+	// Someone else deletes b's Machine, and Karpenter deletes b: its
+	// replica is spare, to be given back with the Machine made in its place.
+	w.healthCheckDelete(w.machineOf(b))
+	w.claims[b].deleting = true
+	w.rounds(120, func() bool { return len(w.claims) == 0 })
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+	if _, ok := w.claims[a]; ok {
+		t.Errorf("NodeClaim %s still terminating: its released Machine %s was kept", a, ma.Name)
+	}
+	md := w.md("cheap")
+	if got, ok := owned(md); !ok || got != 0 {
+		t.Errorf("cheap owns %d replicas with no NodeClaim left (released: %s)", got, md.Annotations[hub.ReleasedMachinesAnnotation])
+	}
+	if got, live := w.replicas("cheap"), w.liveMachines("cheap"); got != 1 || live != 1 {
+		t.Errorf("cheap has %d replicas and %d live Machines, want 1 and 1 (the one someone else raised)", got, live)
+	}
 }

@@ -75,6 +75,9 @@ type world struct {
 	seq       int
 	failures  []string
 	synced    time.Time // when the cache last caught up
+	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
+	// write the provider makes.
+	trace func(string)
 }
 
 // newWorld builds a world with member MachineDeployments "cheap" and "dear"
