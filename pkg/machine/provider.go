@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -55,8 +54,8 @@ type Provider struct {
 	// launching holds the NodeClaims this process is launching right now:
 	// the garbage collector leaves their objects alone.
 	launching sync.Map
-	// watchedInfra holds the infrastructure machine kinds whose events wake waiters.
-	watchedInfra sync.Map
+	// infraWatch makes infrastructure machine events wake waiters.
+	infraWatch *launch.InfraWatch
 
 	// LaunchWait bounds one Create call's wait for a providerID.
 	LaunchWait time.Duration
@@ -78,6 +77,9 @@ func NewProvider(ctx context.Context, h *hub.Hub, machines *hub.Lookup, catalogu
 		Events:        h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
 		now:           time.Now,
 	}
+	p.infraWatch = launch.NewInfraWatch(h, func(_ context.Context, o client.Object) string {
+		return o.GetAnnotations()[v1alpha1.NodeClaimAnnotation] // Machine mode annotates what it creates
+	}, p.waiters.Notify)
 	informer, err := h.GetCache().GetInformer(ctx, &clusterv1.Machine{}, cache.BlockUntilSynced(false))
 	if err != nil {
 		return nil, fmt.Errorf("getting the Machine informer: %w", err)
@@ -110,28 +112,6 @@ func (p *Provider) wakeHandler() toolscache.ResourceEventHandlerFuncs {
 		}
 	}
 	return toolscache.ResourceEventHandlerFuncs{AddFunc: wake, UpdateFunc: func(_, o any) { wake(o) }, DeleteFunc: wake}
-}
-
-// watchInfra makes infrastructure machine events of the kind wake waiters,
-// so that a launch failure is seen as soon as the provider reports it.
-func (p *Provider) watchInfra(ctx context.Context, gvk schema.GroupVersionKind) error {
-	if _, ok := p.watchedInfra.Load(gvk); ok {
-		return nil
-	}
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(gvk)
-	informer, err := p.hub.GetCache().GetInformer(ctx, u, cache.BlockUntilSynced(true))
-	if err != nil {
-		return fmt.Errorf("watching %s: %w", gvk.Kind, err)
-	}
-	if _, loaded := p.watchedInfra.LoadOrStore(gvk, true); loaded {
-		return nil
-	}
-	if _, err := informer.AddEventHandler(p.wakeHandler()); err != nil {
-		p.watchedInfra.Delete(gvk)
-		return fmt.Errorf("watching %s: %w", gvk.Kind, err)
-	}
-	return nil
 }
 
 // Launch makes sure a Machine exists for the NodeClaim and returns it once
@@ -220,7 +200,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		}
 	}
 	name := attemptName(cluster.Name, claim, attempt)
-	if err := p.watchInfra(ctx, resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind))); err != nil {
+	if err := p.infraWatch.Ensure(ctx, resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind))); err != nil {
 		return nil, err
 	}
 

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
@@ -54,6 +55,8 @@ type Provider struct {
 	// with Machine mode).
 	unavailable *launch.Unavailable
 	view        unavailableView
+	// infraWatch wakes a launch on its infrastructure machine's events.
+	infraWatch *launch.InfraWatch
 	// LaunchWait bounds one Launch call's wait for a providerID.
 	LaunchWait time.Duration
 	// Events, when set, records events on Machines in the hub.
@@ -65,7 +68,7 @@ type Provider struct {
 
 // NewProvider returns the MachineDeployment mode provider.
 func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.Store, unavailable *launch.Unavailable) *Provider {
-	return &Provider{
+	p := &Provider{
 		hub:         h,
 		unavailable: unavailable,
 		machines:    hub.NewLookup(h, managed),
@@ -77,6 +80,8 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		now:         time.Now,
 		after:       time.After,
 	}
+	p.infraWatch = launch.NewInfraWatch(h, p.claimOfInfra, p.waiters.Notify)
+	return p
 }
 
 // SetClock replaces the provider's clock (tests).
@@ -230,6 +235,15 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				}
 				failpoint.Crash(StepLaunched)
 				return m, nil
+			}
+			if ref := m.Spec.InfrastructureRef; ref.Name != "" {
+				// A failure is seen when the infrastructure reports it,
+				// not when Cluster API mirrors it onto the Machine.
+				// Without the watch (an error), the Machine's own events
+				// still wake the launch, later: not a reason to fail it.
+				if err := p.infraWatch.EnsureFor(ctx, ref.APIGroup, ref.Kind); err != nil {
+					log.FromContext(ctx).V(1).Info("not watching infrastructure machines", "kind", ref.Kind, "error", err.Error())
+				}
 			}
 			f, err := launch.ReadFailure(ctx, p.hub, m)
 			if err != nil {

@@ -5,6 +5,7 @@ package hubtest
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -112,6 +113,14 @@ type laggingCache struct {
 func (c *laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 	return c.hub.reader().Get(ctx, key, obj, opts...)
 }
+
+// GetInformer: the simulated cache has no informers; callers that watch
+// for speed (a launch's infrastructure watch) go on without one.
+func (c *laggingCache) GetInformer(context.Context, client.Object, ...cache.InformerGetOption) (cache.Informer, error) {
+	return nil, errNoInformers
+}
+
+var errNoInformers = errors.New("hubtest: the simulated cache has no informers")
 
 func (c *laggingCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	return c.hub.reader().List(ctx, list, opts...)
