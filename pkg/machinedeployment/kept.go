@@ -14,6 +14,11 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
+// keptGrace is how long a released Machine may stay while its MachineSet
+// has as many Machines as replicas: the MachineSet removes a marked Machine
+// within a reconcile (a second or two) when it has one too many.
+const keptGrace = 10 * time.Second
+
 // deleteKeptReleased deletes released Machines that the MachineSet keeps.
 // A release marks the Machine and gives its replica back, so that the
 // MachineSet removes exactly it; but when someone else raises the replicas
@@ -21,10 +26,17 @@ import (
 // keeps the marked one for ever: its NodeClaim would never finish
 // terminating (core waits for the Machine to go) and the instance would
 // keep running. Once the MachineSet has settled (as many live Machines as
-// replicas) and the mark is older than OrphanGrace, the provider deletes
-// the Machine itself, as it does at min-size. That changes no count: the
-// replica is someone else's already, and the MachineSet makes an unbound
-// Machine for it. It returns when to look again.
+// replicas) and the mark is older than keptGrace, the provider deletes the
+// Machine itself, as it does at min-size. That changes no count: the
+// replica is no longer the released Machine's, and the MachineSet makes a
+// Machine for it.
+//
+// The raise that cancelled the release out is often Karpenter's own (a
+// NodeClaim raised for on the same MachineDeployment as another is
+// released): keptGrace is well within OrphanGrace so that the MachineSet's
+// new Machine serves that raise before it counts as stranded (found by the
+// soak: the stranded raise was dropped and raised again, and the kept
+// Machine's replica passed to no one). It returns when to look again.
 func (c *Controller) deleteKeptReleased(ctx context.Context, md *clusterv1.MachineDeployment, use usage, now time.Time) (time.Duration, error) {
 	if len(use.released) == 0 {
 		return 0, nil
@@ -34,7 +46,7 @@ func (c *Controller) deleteKeptReleased(ctx context.Context, md *clusterv1.Machi
 		replicas = *md.Spec.Replicas
 	}
 	if replicas != use.live {
-		return OrphanGrace, nil // the MachineSet has yet to act: it may remove them itself
+		return keptGrace, nil // the MachineSet has yet to act: it may remove them itself
 	}
 	var wait time.Duration
 	for _, m := range use.released {
@@ -42,9 +54,9 @@ func (c *Controller) deleteKeptReleased(ctx context.Context, md *clusterv1.Machi
 		if err != nil {
 			continue // not our mark (someone else's value): not ours to act on
 		}
-		if age := now.Sub(marked); age < OrphanGrace {
-			if wait == 0 || OrphanGrace-age < wait {
-				wait = OrphanGrace - age
+		if age := now.Sub(marked); age < keptGrace {
+			if wait == 0 || keptGrace-age < wait {
+				wait = keptGrace - age
 			}
 			continue
 		}

@@ -166,9 +166,11 @@ func TestMachineDeploymentThreeOfFourOfferingsExhausted(t *testing.T) {
 	exhaust(t, "g4dn.xlarge", "us-east-1a", world.CapacityTypeOnDemand)
 	exhaust(t, "g4dn.xlarge", "us-east-1b", world.CapacityTypeOnDemand)
 	start := apiTime()
+	report := fallbackTimeline(time.Now(), mds...)
 	podDeployment(t, "md3of4", "md3of4-app", 1, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3")}, nil)
 	created := firstBoundMachine(t, 3*time.Minute, mds[3])
 	overhead := created.Sub(start)
+	defer func() { t.Logf("where the time went (seconds after the pod, seen every 200 ms):%s", report()) }()
 	nodes := waitAppNodes(t, 3*time.Minute, "md3of4-app", 1)
 	if got := nodes[0].Labels[corev1.LabelTopologyZone]; got != "us-east-1c" {
 		t.Fatalf("the node is in %s, want us-east-1c (the only offering left)", got)

@@ -49,31 +49,19 @@ func TestMachineDeploymentWithoutFailureDomain(t *testing.T) {
 // any poll (every 200 ms) until the test ends, and returns a reader.
 func watchNodeClaimNames(t *testing.T, pool string) func() map[string]bool {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	names := map[string]bool{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(200 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			ncs := &karpv1.NodeClaimList{}
-			if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err == nil {
-				mu.Lock()
-				for _, nc := range ncs.Items {
-					names[nc.Name] = true
-				}
-				mu.Unlock()
+	stop := poll(200*time.Millisecond, func(ctx context.Context) {
+		ncs := &karpv1.NodeClaimList{}
+		if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err == nil {
+			mu.Lock()
+			for _, nc := range ncs.Items {
+				names[nc.Name] = true
 			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
+			mu.Unlock()
 		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	})
+	t.Cleanup(stop)
 	return func() map[string]bool {
 		mu.Lock()
 		defer mu.Unlock()

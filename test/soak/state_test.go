@@ -229,14 +229,21 @@ func (s *soak) settle(ctx context.Context, why string) {
 	var last []string
 	err := e2e.WaitFor(ctx, settleBound, func(ctx context.Context) (bool, error) {
 		s.check(ctx)
-		last = last[:0]
+		var seen []string
+		// The state of the last complete look is what a failure reports:
+		// a look cut short by the deadline shows nothing.
+		defer func() {
+			if len(seen) == len(s.pools) {
+				last = seen
+			}
+		}()
 		ok := true
 		for _, p := range s.pools {
 			c, err := ha.Count(ctx, s.w, p.name, "app-"+p.name)
 			if err != nil {
 				return false, err
 			}
-			last = append(last, p.name+": "+c.String())
+			seen = append(seen, p.name+": "+c.String())
 			nodes := int(p.want)
 			if p.mode == ha.MachineMode && s.hasXLarge(ctx, p.name) {
 				nodes = -1 // two pods may share an m5.xlarge: only the match matters

@@ -286,3 +286,42 @@ func TestAReleasedMachineItsMachineSetKeepsIsDeleted(t *testing.T) {
 		t.Errorf("cheap has %d replicas and %d live Machines, want 1 and 1 (the one someone else raised)", got, live)
 	}
 }
+
+// Found by the soak (make soak, seed 1795701443152048057): a release and a
+// raise for another NodeClaim on the same MachineDeployment cancel out in
+// the MachineSet's eyes (replicas -1 +1): it keeps the released Machine and
+// makes none for the raise. The released Machine's NodeClaim never finished
+// terminating, and the raise was stranded, dropped as if someone else had
+// taken its replica (opLost) and raised again: the kept Machine's replica
+// passed to "someone else" for good, an unbound Machine no one owns. The
+// provider deletes the kept Machine well within OrphanGrace, so the
+// MachineSet's replacement serves the raise.
+func TestAReleaseAndARaiseThatCancelOutServeBoth(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	w.rounds(20, w.launched(a))
+	if !w.launched(a)() {
+		t.Fatalf("NodeClaim %s not launched", a)
+	}
+	w.hub.Sync()
+	c := w.newClaim()
+	_ = w.create(c) // raised: replicas 2
+	w.claims[a].deleting = true
+	_ = w.remove(a) // released: replicas 1, the MachineSet keeps a's marked Machine
+	w.runMachineSets()
+	w.rounds(90, func() bool { _, ok := w.claims[a]; return w.launched(c)() && !ok })
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+	if _, ok := w.claims[a]; ok {
+		t.Errorf("NodeClaim %s still terminating: its released Machine was kept", a)
+	}
+	if !w.launched(c)() {
+		t.Errorf("NodeClaim %s not launched", c)
+	}
+	md := w.md("cheap")
+	n, _ := owned(md)
+	if r, live := w.replicas("cheap"), w.liveMachines("cheap"); r != 1 || live != 1 || n != 1 {
+		t.Errorf("cheap has %d replicas, %d live Machines, owns %d: want 1, 1, 1 (c's); a replica passed to no one", r, live, n)
+	}
+}
