@@ -22,6 +22,17 @@ type Sampler struct {
 	// created in the same Create. A Machine on its way out is not capacity
 	// anybody can lose track of, and every settle still counts all of them.
 	LiveOnly bool
+	// Tolerance, when set, records an excess only once it has lasted
+	// longer than this, continuously, in one pool. The failover test
+	// tolerates none. A soak's other actors make excesses the protocol
+	// takes back after a grace period: someone else deletes a Karpenter
+	// Machine, its MachineSet makes an unbound one in its place at once,
+	// and the provider gives that replica back after OrphanGrace (30 s)
+	// with that Machine; when the NodeClaim goes first, the unbound
+	// Machine is one too many for those seconds. A launch that failed
+	// leaves its released Machine until the MachineSet removes it. An
+	// excess that outlasts the tolerance is a Machine nobody accounts for.
+	Tolerance time.Duration
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -43,9 +54,19 @@ func SampleLive(w *world.World, interval time.Duration, pools ...string) *Sample
 	return sample(w, interval, true, pools)
 }
 
+// SampleLiveTolerant is SampleLive with a Tolerance.
+func SampleLiveTolerant(w *world.World, interval, tolerance time.Duration, pools ...string) *Sampler {
+	return sampleWith(w, interval, true, tolerance, pools)
+}
+
 func sample(w *world.World, interval time.Duration, liveOnly bool, pools []string) *Sampler {
+	return sampleWith(w, interval, liveOnly, 0, pools)
+}
+
+func sampleWith(w *world.World, interval time.Duration, liveOnly bool, tolerance time.Duration, pools []string) *Sampler {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Sampler{LiveOnly: liveOnly, cancel: cancel, done: make(chan struct{})}
+	s := &Sampler{LiveOnly: liveOnly, Tolerance: tolerance, cancel: cancel, done: make(chan struct{})}
+	excessSince := map[string]time.Time{} // pool -> since when it has had an excess
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(interval)
@@ -62,9 +83,18 @@ func sample(w *world.World, interval time.Duration, liveOnly bool, pools []strin
 					if liveOnly {
 						machines -= c.MachinesDeleting
 					}
-					if machines > c.NodeClaims {
-						s.violations = append(s.violations, fmt.Sprintf("%s pool %s: %d Machines (%d being deleted) > %d NodeClaims (%v)",
-							time.Now().Format("15:04:05.000"), pool, c.Machines, c.MachinesDeleting, c.NodeClaims, c.MachineNames))
+					if machines <= c.NodeClaims {
+						delete(excessSince, pool)
+					} else {
+						since, ok := excessSince[pool]
+						if !ok {
+							since = time.Now()
+							excessSince[pool] = since
+						}
+						if lasted := time.Since(since); lasted >= s.Tolerance {
+							s.violations = append(s.violations, fmt.Sprintf("%s pool %s: %d Machines (%d being deleted) > %d NodeClaims for %s (%v)",
+								time.Now().Format("15:04:05.000"), pool, c.Machines, c.MachinesDeleting, c.NodeClaims, lasted.Round(time.Second), c.MachineNames))
+						}
 					}
 				}
 				s.mu.Unlock()

@@ -110,7 +110,7 @@ func newSoak(ctx context.Context, t *testing.T, w *world.World, bin string, rng 
 	if s.watch, err = ha.WatchHub(ctx, w); err != nil {
 		return nil, err
 	}
-	s.sampler = ha.SampleLive(w, 2*time.Second, s.poolNames()...)
+	s.sampler = ha.SampleLiveTolerant(w, 2*time.Second, excessTolerance, s.poolNames()...)
 	return s, nil
 }
 
