@@ -235,7 +235,7 @@ func (s *soak) deleteMachine(ctx context.Context) {
 		s.t.Logf("  %s: no Machine to delete", p.name)
 		return
 	}
-	m := bound[s.rng.Intn(len(bound))]
+	m := bound[s.pick.Intn(len(bound))] // not s.rng: how many there are depends on timing
 	if err := s.w.Hub.Client.Delete(ctx, &m); err != nil {
 		s.t.Logf("  deleting Machine %s: %v", m.Name, err)
 		return

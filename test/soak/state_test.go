@@ -33,7 +33,13 @@ type soak struct {
 	t   *testing.T
 	w   *world.World
 	rs  *ha.ReplicaSet
-	rng *rand.Rand
+	// rng draws the schedule (each fault, its pool, length and pod count,
+	// the pauses): the same seed gives the same schedule. Choices among
+	// what the clusters hold at that moment (which Machine to delete),
+	// whose number depends on timing, draw from pick, so that they do not
+	// shift the schedule.
+	rng  *rand.Rand
+	pick *rand.Rand
 
 	pools   []*soakPool
 	watch   *ha.HubWatch
@@ -74,7 +80,7 @@ type rssSeries struct {
 }
 
 func newSoak(ctx context.Context, t *testing.T, w *world.World, bin string, rng *rand.Rand) (*soak, error) {
-	s := &soak{t: t, w: w, rng: rng, faults: map[string]int{}, rss: map[*e2e.Provider]*rssSeries{}, unblockedAt: time.Now()}
+	s := &soak{t: t, w: w, rng: rng, pick: rand.New(rand.NewSource(rng.Int63())), faults: map[string]int{}, rss: map[*e2e.Provider]*rssSeries{}, unblockedAt: time.Now()}
 	rs, err := ha.Start(bin, w, ha.Options{Replicas: 2})
 	if err != nil {
 		return nil, err
