@@ -30,9 +30,9 @@ const maxPods = 8
 // soak is the run's state: the world, the replicas, the pools and what was
 // injected and measured.
 type soak struct {
-	t   *testing.T
-	w   *world.World
-	rs  *ha.ReplicaSet
+	t  *testing.T
+	w  *world.World
+	rs *ha.ReplicaSet
 	// rng draws the schedule (each fault, its pool, length and pod count,
 	// the pauses): the same seed gives the same schedule. Choices among
 	// what the clusters hold at that moment (which Machine to delete),
