@@ -115,10 +115,7 @@ func TestAFailedLaunchHandledBeforeARestartIsNotFailedAgain(t *testing.T) {
 		t.Fatalf("NodeClaim %s reserved on %v after a restart, want one MachineDeployment", a, got)
 	}
 	w.hub.SetLag(false)
-	w.rounds(20, w.launched(a))
-	if !w.launched(a)() {
-		t.Fatalf("NodeClaim %s not launched in 20 rounds", a)
-	}
+	w.mustLaunch(t, 20, a)
 	w.noFailures(t)
 }
 
@@ -186,10 +183,7 @@ func TestAReleasedMachineDoesNotSettleTheClaimsNewReservation(t *testing.T) {
 	if got := w.reservations(a); len(got) != 1 {
 		t.Fatalf("NodeClaim %s's new reservation was dropped (reserved on %v) while no Machine of its own is bound", a, got)
 	}
-	w.rounds(60, w.launched(a))
-	if !w.launched(a)() {
-		t.Fatalf("NodeClaim %s not launched in 60 rounds", a)
-	}
+	w.mustLaunch(t, 60, a)
 	w.noFailures(t)
 }
 
@@ -253,10 +247,7 @@ func TestAReleasedMachineItsMachineSetKeepsIsDeleted(t *testing.T) {
 	w.reconcile()
 	a, b := w.newClaim(), w.newClaim()
 	_, _ = w.create(a), w.create(b)
-	w.rounds(20, w.launched(a, b))
-	if !w.launched(a, b)() {
-		t.Fatalf("NodeClaims %s, %s not launched", a, b)
-	}
+	w.mustLaunch(t, 20, a, b)
 	ma := w.machineOf(a)
 	// a is deleted; as its Machine is released, someone raises cheap by
 	// one: the MachineSet keeps the marked Machine.
@@ -300,10 +291,7 @@ func TestAReleaseAndARaiseThatCancelOutServeBoth(t *testing.T) {
 	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
 	w.reconcile()
 	a := w.newClaim()
-	w.rounds(20, w.launched(a))
-	if !w.launched(a)() {
-		t.Fatalf("NodeClaim %s not launched", a)
-	}
+	w.mustLaunch(t, 20, a)
 	w.hub.Sync()
 	c := w.newClaim()
 	_ = w.create(c) // raised: replicas 2
@@ -323,5 +311,15 @@ func TestAReleaseAndARaiseThatCancelOutServeBoth(t *testing.T) {
 	n, _ := owned(md)
 	if r, live := w.replicas("cheap"), w.liveMachines("cheap"); r != 1 || live != 1 || n != 1 {
 		t.Errorf("cheap has %d replicas, %d live Machines, owns %d: want 1, 1, 1 (c's); a replica passed to no one", r, live, n)
+	}
+}
+
+// mustLaunch runs up to n rounds until the claims are launched, and fails
+// the test when they are not.
+func (w *world) mustLaunch(t *testing.T, n int, claims ...string) {
+	t.Helper()
+	w.rounds(n, w.launched(claims...))
+	if !w.launched(claims...)() {
+		t.Fatalf("NodeClaims %v not launched in %d rounds", claims, n)
 	}
 }
