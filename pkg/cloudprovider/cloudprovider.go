@@ -132,7 +132,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	}
 	nodeClaim.Annotations[v1alpha1.MachineAnnotation] = m.Namespace + "/" + m.Name
 	// Core keeps what Create returns: its own copy of what the mode shares.
-	created := c.nodeClaimOf(m, launched.Source, true).DeepCopy()
+	created := c.nodeClaimOf(m, launched.ProviderID, launched.Source, true).DeepCopy()
 	created.Annotations = map[string]string{v1alpha1.MachineAnnotation: nodeClaim.Annotations[v1alpha1.MachineAnnotation]}
 	for k, v := range launched.Annotations {
 		created.Annotations[k] = v
@@ -206,14 +206,16 @@ func (c *CloudProvider) Get(ctx context.Context, providerID string) (*karpv1.Nod
 	if m == nil {
 		return nil, cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no Karpenter-managed Machine has providerID %s", providerID))
 	}
-	return c.toNodeClaim(m), nil
+	return c.toNodeClaim(m, providerID), nil
 }
 
-// List returns a NodeClaim for every Karpenter-managed Machine with a providerID.
+// List returns a NodeClaim for every Karpenter-managed Machine with a
+// providerID: its own, or its infrastructure machine's until Cluster API
+// copies it.
 func (c *CloudProvider) List(ctx context.Context) ([]*karpv1.NodeClaim, error) {
 	out := make([]*karpv1.NodeClaim, 0, c.managed.Len())
-	if err := c.managed.List(func(m *clusterv1.Machine) {
-		out = append(out, c.toNodeClaim(m))
+	if err := c.managed.List(func(m *clusterv1.Machine, providerID string) {
+		out = append(out, c.toNodeClaim(m, providerID))
 	}); err != nil {
 		return nil, fmt.Errorf("listing Machines: %w", err)
 	}

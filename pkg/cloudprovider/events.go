@@ -44,5 +44,5 @@ func launchedMessage(m *clusterv1.Machine, created *karpv1.NodeClaim, from strin
 	if id := created.Labels[v1alpha1.LabelCapacityReservationID]; id != "" {
 		ct += ", reservation " + id
 	}
-	return fmt.Sprintf("Machine %s/%s%s: %s (%s), providerID %s", m.Namespace, m.Name, from, strings.Join(what, " "), ct, m.Spec.ProviderID)
+	return fmt.Sprintf("Machine %s/%s%s: %s (%s), providerID %s", m.Namespace, m.Name, from, strings.Join(what, " "), ct, created.Status.ProviderID)
 }

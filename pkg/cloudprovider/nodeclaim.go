@@ -15,24 +15,26 @@ import (
 // toNodeClaim describes a Machine as a NodeClaim, with the labels and
 // resources of what its mode launched it from. Labels and resources are
 // shared with the mode's caches: callers must not modify them (core's Get
-// and List callers only read).
-func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine) *karpv1.NodeClaim {
+// and List callers only read). providerID is the Machine's as the index
+// knows it (see hub.ManagedMachines).
+func (c *CloudProvider) toNodeClaim(m *clusterv1.Machine, providerID string) *karpv1.NodeClaim {
 	var src instancetype.Source
 	known := false
 	if mode := c.modeOf(m); mode != nil {
 		src, known = mode.Describe(m)
 	}
-	return c.nodeClaimOf(m, src, known)
+	return c.nodeClaimOf(m, providerID, src, known)
 }
 
-// nodeClaimOf describes a Machine launched from src (when known).
-func (c *CloudProvider) nodeClaimOf(m *clusterv1.Machine, src instancetype.Source, known bool) *karpv1.NodeClaim {
+// nodeClaimOf describes a Machine with this providerID launched from src
+// (when known).
+func (c *CloudProvider) nodeClaimOf(m *clusterv1.Machine, providerID string, src instancetype.Source, known bool) *karpv1.NodeClaim {
 	nc := &karpv1.NodeClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:              m.Annotations[v1alpha1.NodeClaimAnnotation],
 			CreationTimestamp: m.CreationTimestamp,
 		},
-		Status: karpv1.NodeClaimStatus{ProviderID: m.Spec.ProviderID},
+		Status: karpv1.NodeClaimStatus{ProviderID: providerID},
 	}
 	if !m.DeletionTimestamp.IsZero() {
 		nc.DeletionTimestamp = m.DeletionTimestamp

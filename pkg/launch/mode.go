@@ -27,9 +27,13 @@ var ErrStillLaunching = errors.New("machine has no providerID yet")
 // unavailable, to fall back within one launch.
 type Choose func(*instancetype.Set) (instancetype.Source, error)
 
-// Launched is a Machine with a providerID, launched for a NodeClaim.
+// Launched is a Machine whose instance has a providerID, launched for a
+// NodeClaim.
 type Launched struct {
 	Machine *clusterv1.Machine
+	// ProviderID is the instance's (see ProviderIDOf): the Machine may get
+	// it only later.
+	ProviderID string
 	// Source is what the Machine was launched from, with the NodeClass's
 	// kubelet settings: the labels, capacity and allocatable Karpenter
 	// planned with.
@@ -53,7 +57,7 @@ type Mode interface {
 	// offering launches from.
 	InstanceTypes(ctx context.Context, nodeClass *v1alpha1.ClusterAPINodeClass) (*instancetype.Set, error)
 	// Launch makes sure a Machine runs for the NodeClaim and returns it
-	// once it has a providerID, resuming whatever an earlier call (of this
+	// once its instance has a providerID (ProviderIDOf), resuming whatever an earlier call (of this
 	// process or one before a restart) started. It records its choices on
 	// nodeClaim's annotations before acting on them (Karpenter persists
 	// them even when Launch fails). A launch the infrastructure reports

@@ -41,3 +41,36 @@ func ReadFailure(ctx context.Context, h *hub.Hub, m *clusterv1.Machine) (LaunchF
 	}
 	return f, nil
 }
+
+// ProviderIDOf returns the providerID of the Machine's instance: the
+// Machine's own or, before Cluster API copies it (it does so only once the
+// infrastructure machine is provisioned, after the instance booted), the
+// infrastructure machine's spec.providerID, read from the hub cache. CAPA
+// sets that right after RunInstances, as the AWS provider's launch returns
+// after CreateFleet: Karpenter plans its next pods only once every launch
+// it started has returned a providerID, so a launch that waited for the
+// boot held every later pod back by the boot and Cluster API's copy. ""
+// while neither has one.
+func ProviderIDOf(ctx context.Context, h *hub.Hub, m *clusterv1.Machine) (string, error) {
+	if m.Spec.ProviderID != "" {
+		return m.Spec.ProviderID, nil
+	}
+	ref := m.Spec.InfrastructureRef
+	if ref.Name == "" {
+		return "", nil
+	}
+	mapping, err := h.GetRESTMapper().RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
+	if err != nil {
+		return "", fmt.Errorf("Machine %s/%s: kind %s.%s is not served by the management cluster: %w", m.Namespace, m.Name, ref.Kind, ref.APIGroup, err)
+	}
+	infra := &unstructured.Unstructured{}
+	infra.SetGroupVersionKind(mapping.GroupVersionKind)
+	if err := h.GetCache().Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, infra); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
+	}
+	id, _, _ := unstructured.NestedString(infra.Object, "spec", "providerID")
+	return id, nil
+}

@@ -18,7 +18,8 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
-// await waits for the Machine's providerID. A launch that failed (the
+// await waits for the providerID of the Machine's instance (ProviderIDOf:
+// the infrastructure machine's, before the Machine's own). A launch that failed (the
 // infrastructure machine reports it, or no providerID arrives in time)
 // makes its offering unavailable, removes the Machine and returns an
 // insufficient capacity error, so that Karpenter relaunches elsewhere.
@@ -55,6 +56,21 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 		if err != nil {
 			p.waiters.Forget(claim, ch)
 			return nil, err
+		}
+		if !failed {
+			// The instance has an ID before it booted: the launch is done.
+			id, err := launch.ProviderIDOf(ctx, p.hub, m)
+			if err != nil {
+				p.waiters.Forget(claim, ch)
+				return nil, err
+			}
+			if id != "" {
+				p.waiters.Forget(claim, ch)
+				if !wokeAt.IsZero() {
+					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
+				}
+				return m, nil
+			}
 		}
 		left := p.LaunchTimeout
 		if !m.CreationTimestamp.IsZero() {

@@ -89,7 +89,14 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 	if _, err := m.p.catalogue.Resolve(ctx, nc); err != nil {
 		return nil, fmt.Errorf("resolving ClusterAPINodeClass %s for NodeClaim %s: %w", nc.Name, nodeClaim.Name, err)
 	}
-	out := &launch.Launched{Machine: machine, Annotations: map[string]string{v1alpha1.OfferingAnnotation: machine.Annotations[v1alpha1.OfferingAnnotation]}}
+	id, err := launch.ProviderIDOf(ctx, m.p.hub, machine)
+	if err != nil {
+		return nil, err
+	}
+	if id == "" { // gone again since the launch saw it: its infrastructure machine was removed
+		return nil, fmt.Errorf("Machine %s/%s for NodeClaim %s: %w", machine.Namespace, machine.Name, nodeClaim.Name, launch.ErrStillLaunching)
+	}
+	out := &launch.Launched{Machine: machine, ProviderID: id, Annotations: map[string]string{v1alpha1.OfferingAnnotation: machine.Annotations[v1alpha1.OfferingAnnotation]}}
 	out.Source, _ = m.Describe(machine)
 	if o, err := ParseOffering(machine.Annotations[v1alpha1.OfferingAnnotation]); err == nil {
 		out.From = fmt.Sprintf("%sTemplate %s", machine.Spec.InfrastructureRef.Kind, o.Template)

@@ -82,7 +82,14 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 			return nil, err
 		}
 	}
-	out := &launch.Launched{Machine: machine, Annotations: map[string]string{},
+	id, err := launch.ProviderIDOf(ctx, m.p.hub, machine)
+	if err != nil {
+		return nil, err
+	}
+	if id == "" { // gone again since the launch saw it: its infrastructure machine was removed
+		return nil, fmt.Errorf("Machine %s/%s for NodeClaim %s: %w", machine.Namespace, machine.Name, nodeClaim.Name, launch.ErrStillLaunching)
+	}
+	out := &launch.Launched{Machine: machine, ProviderID: id, Annotations: map[string]string{},
 		From: fmt.Sprintf("MachineDeployment %s/%s", machine.Namespace, machine.Labels[clusterv1.MachineDeploymentNameLabel])}
 	if v := nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation]; v != "" {
 		out.Annotations[v1alpha1.MachineDeploymentAnnotation] = v

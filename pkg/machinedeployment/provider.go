@@ -254,6 +254,20 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				p.waiters.Forget(claim, ch)
 				return nil, p.fail(ctx, claim, m, f)
 			}
+			// The instance has an ID before it booted: the launch is done.
+			id, err := launch.ProviderIDOf(ctx, p.hub, m)
+			if err != nil {
+				p.waiters.Forget(claim, ch)
+				return nil, err
+			}
+			if id != "" {
+				p.waiters.Forget(claim, ch)
+				if !wokeAt.IsZero() {
+					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
+				}
+				failpoint.Crash(StepLaunched)
+				return m, nil
+			}
 		}
 		select {
 		case <-ch:
