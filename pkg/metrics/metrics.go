@@ -11,11 +11,12 @@ const namespace = "karpenter_clusterapi"
 
 var (
 	// LaunchReturnDelay is what the provider adds to a launch: from the
-	// Machine event that carried its providerID to Create returning.
+	// Machine or infrastructure machine event that carried the instance's
+	// providerID to Create returning.
 	LaunchReturnDelay = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: namespace,
 		Name:      "launch_return_delay_seconds",
-		Help:      "Time from the Machine event carrying its providerID to Create returning the NodeClaim.",
+		Help:      "Time from the Machine or infrastructure machine event carrying the instance's providerID to Create returning the NodeClaim.",
 		Buckets:   []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
 	})
 	// MachineDeploymentWriteBatch is how many NodeClaim or Machine changes one

@@ -178,7 +178,9 @@ func TestMachineDeploymentModeSpotInterruptionIsReplaced(t *testing.T) {
 
 	d := app(t, pool, pool, 2, "1500m")
 	v := waitView(t, 3*time.Minute, pool, pool, func(v view) bool {
-		return v.RunningPods == 2 && len(v.Nodes) == 2 && len(v.Machines) == 2 && len(v.Instances) == 2
+		// The victim's Machine is found by its providerID, which Cluster
+		// API copies once CAPA reports the instance provisioned.
+		return v.RunningPods == 2 && len(v.Nodes) == 2 && len(v.Machines) == 2 && len(v.Instances) == 2 && copied(v)
 	})
 	checkIdentity(t, v)
 	victim := v.Nodes[0]
