@@ -19,22 +19,11 @@ import (
 // the cache does not hold yet (or a Machine that names none yet) is no
 // failure.
 func ReadFailure(ctx context.Context, h *hub.Hub, m *clusterv1.Machine) (LaunchFailure, error) {
+	infra, err := infraOf(ctx, h, m)
+	if err != nil || infra == nil {
+		return LaunchFailure{}, err
+	}
 	ref := m.Spec.InfrastructureRef
-	if ref.Name == "" {
-		return LaunchFailure{}, nil
-	}
-	mapping, err := h.GetRESTMapper().RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
-	if err != nil {
-		return LaunchFailure{}, fmt.Errorf("Machine %s/%s: kind %s.%s is not served by the management cluster: %w", m.Namespace, m.Name, ref.Kind, ref.APIGroup, err)
-	}
-	infra := &unstructured.Unstructured{}
-	infra.SetGroupVersionKind(mapping.GroupVersionKind)
-	if err := h.GetCache().Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, infra); err != nil {
-		if apierrors.IsNotFound(err) {
-			return LaunchFailure{}, nil
-		}
-		return LaunchFailure{}, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
-	}
 	f := ReadLaunchFailure(infra)
 	if f.Failed {
 		f.Message = fmt.Sprintf("%s %s/%s: %s", ref.Kind, m.Namespace, ref.Name, f.Message)
@@ -55,22 +44,32 @@ func ProviderIDOf(ctx context.Context, h *hub.Hub, m *clusterv1.Machine) (string
 	if m.Spec.ProviderID != "" {
 		return m.Spec.ProviderID, nil
 	}
+	infra, err := infraOf(ctx, h, m)
+	if err != nil || infra == nil {
+		return "", err
+	}
+	id, _, _ := unstructured.NestedString(infra.Object, "spec", "providerID")
+	return id, nil
+}
+
+// infraOf reads the Machine's infrastructure machine from the hub cache:
+// nil when the Machine names none yet or the cache does not hold it (yet).
+func infraOf(ctx context.Context, h *hub.Hub, m *clusterv1.Machine) (*unstructured.Unstructured, error) {
 	ref := m.Spec.InfrastructureRef
 	if ref.Name == "" {
-		return "", nil
+		return nil, nil
 	}
 	mapping, err := h.GetRESTMapper().RESTMapping(schema.GroupKind{Group: ref.APIGroup, Kind: ref.Kind})
 	if err != nil {
-		return "", fmt.Errorf("Machine %s/%s: kind %s.%s is not served by the management cluster: %w", m.Namespace, m.Name, ref.Kind, ref.APIGroup, err)
+		return nil, fmt.Errorf("Machine %s/%s: kind %s.%s is not served by the management cluster: %w", m.Namespace, m.Name, ref.Kind, ref.APIGroup, err)
 	}
 	infra := &unstructured.Unstructured{}
 	infra.SetGroupVersionKind(mapping.GroupVersionKind)
 	if err := h.GetCache().Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, infra); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", nil
+			return nil, nil
 		}
-		return "", fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
+		return nil, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, m.Namespace, ref.Name, err)
 	}
-	id, _, _ := unstructured.NestedString(infra.Object, "spec", "providerID")
-	return id, nil
+	return infra, nil
 }
