@@ -50,10 +50,7 @@ func TestMachineModeFallsBackWithinOneCreate(t *testing.T) {
 	if n := len(seen()); n != 1 {
 		t.Fatalf("%d NodeClaims for one pod: the fallback went back to Karpenter instead of staying in one Create", n)
 	}
-	machines, err := poolMachines(context.Background(), "fb")
-	if err != nil {
-		t.Fatal(err)
-	}
+	machines := poolMachinesWithIDs(t, time.Minute, "fb", nodes[0].Spec.ProviderID)
 	// The Machine that launched is the newest; failed ones may still be
 	// on their way out.
 	sort.Slice(machines, func(i, j int) bool { return machines[i].CreationTimestamp.Before(&machines[j].CreationTimestamp) })

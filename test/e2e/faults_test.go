@@ -128,10 +128,17 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 		return err == nil && c.RunningPods == n && c.Initialized == n, err
 	}
 	// Instances take a while: launches stay in flight across several stops.
+	// The first four stops visit each launch step once, in the order a
+	// launch goes through them, so each is certain to be reached: a process
+	// stopping at "choose" or "reserve" stops at its first, before any
+	// Machine is bound, and one stopping at "bind" before any launch of its
+	// own returns. Later stops wait for the n-th step of a process; how many
+	// of those come before the scale-up is done depends on how much work
+	// the earlier processes finished, so they are not counted on.
 	w.AWS.SetProvisionDelay(10 * time.Second)
 	stops := runFailpoints(t, []stop{
-		{machinedeployment.StepChoose, 1}, {machinedeployment.StepReserve, 1}, {machinedeployment.StepChoose, 2}, {machinedeployment.StepReserve, 2},
-		{machinedeployment.StepBind, 1}, {machinedeployment.StepLaunched, 1}, {machinedeployment.StepBind, 2}, {machinedeployment.StepLaunched, 2},
+		{machinedeployment.StepChoose, 1}, {machinedeployment.StepReserve, 1}, {machinedeployment.StepBind, 1}, {machinedeployment.StepLaunched, 1},
+		{machinedeployment.StepChoose, 2}, {machinedeployment.StepReserve, 2}, {machinedeployment.StepBind, 2}, {machinedeployment.StepLaunched, 2},
 		{machinedeployment.StepBind, 3}, {machinedeployment.StepLaunched, 3}, {machinedeployment.StepBind, 2}, {machinedeployment.StepLaunched, 2},
 	}, up)
 	w.AWS.SetProvisionDelay(world.DefaultProvisionDelay)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -114,6 +115,41 @@ func poolMachines(ctx context.Context, pool string) ([]clusterv1.Machine, error)
 		return nil, err
 	}
 	return list.Items, nil
+}
+
+// poolMachinesWithIDs waits up to timeout until each of ids is the
+// providerID of one of the pool's Machines, and returns the pool's Machines.
+// A launch returns, and its Node may run pods, as soon as the instance has an
+// ID; Cluster API copies that ID onto the Machine only once the
+// infrastructure machine is provisioned (this world's kubelet does not
+// register Nodes with Cluster API's uninitialized taint, which would hold
+// the pods until then), so a check comparing Machines with Nodes waits for
+// the copy first.
+func poolMachinesWithIDs(t testing.TB, timeout time.Duration, pool string, ids ...string) []clusterv1.Machine {
+	t.Helper()
+	var machines []clusterv1.Machine
+	var missing []string
+	err := WaitFor(context.Background(), timeout, func(ctx context.Context) (bool, error) {
+		var err error
+		if machines, err = poolMachines(ctx, pool); err != nil {
+			return false, err
+		}
+		have := map[string]bool{}
+		for _, m := range machines {
+			have[m.Spec.ProviderID] = true
+		}
+		missing = missing[:0]
+		for _, id := range ids {
+			if !have[id] {
+				missing = append(missing, id)
+			}
+		}
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: no Machine of pool %s has providerID %v after %s", err, pool, missing, timeout)
+	}
+	return machines
 }
 
 // managedLeftovers counts the infrastructure machines and bootstrap configs

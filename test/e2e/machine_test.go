@@ -130,10 +130,11 @@ func TestMachineModeTemplatesShapesAndZones(t *testing.T) {
 	if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: "mm"}); err != nil {
 		t.Fatal(err)
 	}
-	machines, err := poolMachines(ctx, "mm")
-	if err != nil {
-		t.Fatal(err)
+	var ids []string
+	for _, nc := range ncs.Items {
+		ids = append(ids, nc.Status.ProviderID)
 	}
+	machines := poolMachinesWithIDs(t, time.Minute, "mm", ids...)
 	if len(ncs.Items) != 5 || len(machines) != 5 {
 		t.Fatalf("want 5 NodeClaims and 5 Machines, got %d and %d", len(ncs.Items), len(machines))
 	}
@@ -177,7 +178,7 @@ func TestMachineModeTemplatesShapesAndZones(t *testing.T) {
 	for _, app := range []string{"mm-arm", "mm-mem", "mm-spread"} {
 		scaleDeployment(t, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: app}}, 0)
 	}
-	err = WaitFor(ctx, 4*time.Minute, func(ctx context.Context) (bool, error) {
+	err := WaitFor(ctx, 4*time.Minute, func(ctx context.Context) (bool, error) {
 		ms, err := poolMachines(ctx, "mm")
 		if err != nil {
 			return false, err
