@@ -1,6 +1,7 @@
 package machinedeployment
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -210,4 +211,70 @@ func (d *debts) stale(key types.NamespacedName, owned int32, now time.Time) bool
 		return false
 	}
 	return true
+}
+
+// HeldReplicasAnnotation records, on a member MachineDeployment, the owned
+// replicas held for the next NodeClaim: each was raised for a NodeClaim that
+// went away (Karpenter's launch timeout deleted it) before a Machine was
+// bound to it. The MachineSet keeps making the Machine for it; the next
+// NodeClaim reserving on the MachineDeployment takes the replica instead of
+// raising another, and may be bound to that Machine. A held replica no
+// reservation takes within OrphanGrace is given back. The value is a JSON
+// map from the name of the NodeClaim the replica was raised for to when it
+// was raised and when it was held. It changes in the same update as
+// pending-nodeclaims and owned-replicas.
+const HeldReplicasAnnotation = v1alpha1.Group + "/held-replicas"
+
+// heldReplica is one entry of HeldReplicasAnnotation.
+type heldReplica struct {
+	// Raised is when the replica was raised: a Machine made at or after it
+	// (less bindSkew) was made for it.
+	Raised time.Time `json:"raised"`
+	// Held is when its NodeClaim was found gone: the replica is given back
+	// OrphanGrace after it.
+	Held time.Time `json:"held"`
+}
+
+// heldReplicas parses the annotation. A malformed value reads as empty with
+// an error naming the key.
+func heldReplicas(o client.Object) (map[string]heldReplica, error) {
+	raw, ok := o.GetAnnotations()[HeldReplicasAnnotation]
+	out := map[string]heldReplica{}
+	if !ok || raw == "" {
+		return out, nil
+	}
+	if err := json.Unmarshal([]byte(raw), &out); err != nil {
+		return map[string]heldReplica{}, fmt.Errorf("%s/%s: annotation %q is not a JSON map of NodeClaim names to raised and held times: %w",
+			o.GetNamespace(), o.GetName(), HeldReplicasAnnotation, err)
+	}
+	if out == nil { // "null"
+		out = map[string]heldReplica{}
+	}
+	return out, nil
+}
+
+func setHeldReplicas(o client.Object, held map[string]heldReplica) {
+	ann := o.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	if len(held) == 0 {
+		delete(ann, HeldReplicasAnnotation)
+	} else {
+		data, _ := json.Marshal(held) // strings and times always marshal
+		ann[HeldReplicasAnnotation] = string(data)
+	}
+	o.SetAnnotations(ann)
+}
+
+// oldestHeld is the key of the held replica raised first ("" when none):
+// its Machine, if made, is the oldest, and is bound first.
+func oldestHeld(held map[string]heldReplica) string {
+	best := ""
+	for k, h := range held {
+		if best == "" || h.Raised.Before(held[best].Raised) || (h.Raised.Equal(held[best].Raised) && k < best) {
+			best = k
+		}
+	}
+	return best
 }

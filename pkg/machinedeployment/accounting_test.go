@@ -1,6 +1,7 @@
 package machinedeployment
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 )
 
 func mdWith(replicas int32, owned string) *clusterv1.MachineDeployment {
@@ -182,4 +184,61 @@ func TestDebtsGraceAndStaleCounts(t *testing.T) {
 	if d.stale(key, 5, t0.Add(settledLag+time.Second)) {
 		t.Fatal("held back beyond settledLag")
 	}
+}
+
+// A held replica keeps its count: holding and taking it change neither
+// spec.replicas nor owned-replicas, the reservation that takes it gets its
+// raise time (so the Machine made for that raise may be bound to it), and a
+// retried hold, take or give-back applies once.
+func TestHeldReplicasChangeNoCountUntilGivenBack(t *testing.T) {
+	md := mdWith(2, "0") // 2 replicas of someone else
+	raised := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	apply(t, md, &op{kind: opReserve, name: "a", since: raised}, &op{kind: opReserve, name: "b", since: raised.Add(time.Minute)})
+	if owned(t, md) != 2 || *md.Spec.Replicas != 4 {
+		t.Fatalf("owned %d replicas %d, want 2 and 4", owned(t, md), *md.Spec.Replicas)
+	}
+	gone := raised.Add(5 * time.Minute)
+	apply(t, md, &op{kind: opHold, name: "a", since: gone}, &op{kind: opHold, name: "a", since: gone.Add(time.Second)}, &op{kind: opHold, name: "b", since: gone})
+	held, err := heldReplicas(md)
+	if err != nil || len(held) != 2 || !held["a"].Raised.Equal(raised) || !held["a"].Held.Equal(gone) {
+		t.Fatalf("held %v (%v), want a and b, a raised at %s and held at %s", held, err, raised, gone)
+	}
+	if owned(t, md) != 2 || *md.Spec.Replicas != 4 {
+		t.Fatalf("holding changed the counts: owned %d replicas %d, want 2 and 4", owned(t, md), *md.Spec.Replicas)
+	}
+	c := &op{kind: opReserve, name: "c", since: gone.Add(time.Second)}
+	apply(t, md, c, &op{kind: opReserve, name: "c", since: gone.Add(2 * time.Second)})
+	pending, _ := pendingOf(md)
+	if !c.took || !pending["c"].Equal(raised) || owned(t, md) != 2 || *md.Spec.Replicas != 4 {
+		t.Fatalf("c took a held replica %v, reserved at %s (want a's raise %s), owned %d replicas %d (want 2 and 4)",
+			c.took, pending["c"], raised, owned(t, md), *md.Spec.Replicas)
+	}
+	if held, _ := heldReplicas(md); len(held) != 1 || held["b"].Raised.IsZero() {
+		t.Fatalf("held %v after c took the oldest, want b's", held)
+	}
+	apply(t, md, &op{kind: opGiveBackHeld, name: "b"}, &op{kind: opGiveBackHeld, name: "b"}, &op{kind: opGiveBackHeld, name: "a"})
+	if held, _ := heldReplicas(md); len(held) != 0 || owned(t, md) != 1 || *md.Spec.Replicas != 3 {
+		t.Fatalf("held %v owned %d replicas %d after giving b back, want none, 1 and 3", held, owned(t, md), *md.Spec.Replicas)
+	}
+	// With nothing held, a reservation raises again.
+	d := &op{kind: opReserve, name: "d", since: gone.Add(time.Hour)}
+	apply(t, md, d)
+	if d.took || owned(t, md) != 2 || *md.Spec.Replicas != 4 {
+		t.Fatalf("d took %v, owned %d replicas %d, want a raise to 2 and 4", d.took, owned(t, md), *md.Spec.Replicas)
+	}
+}
+
+// A malformed held-replicas annotation (edited by hand) refuses the write
+// and names the key, rather than lose the count.
+func TestMalformedHeldReplicasNamesTheAnnotation(t *testing.T) {
+	md := mdWith(1, "1")
+	md.Annotations[HeldReplicasAnnotation] = "{not json"
+	_, err := applyOps(md, []*op{{kind: opReserve, name: "a", since: time.Now()}})
+	if err == nil || !strings.Contains(err.Error(), HeldReplicasAnnotation) || !strings.Contains(err.Error(), "ns/md") {
+		t.Fatalf("error %v, want one naming ns/md and %s", err, HeldReplicasAnnotation)
+	}
+}
+
+func pendingOf(md *clusterv1.MachineDeployment) (map[string]time.Time, error) {
+	return hub.PendingNodeClaims(md)
 }

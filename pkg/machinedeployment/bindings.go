@@ -45,6 +45,10 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 	if err != nil {
 		return 0, err
 	}
+	held, err := heldReplicas(md)
+	if err != nil {
+		return 0, err
+	}
 	owned, hasOwned, ownedErr := ownedReplicas(md)
 	if ownedErr != nil {
 		log.FromContext(ctx).Error(ownedErr, "counting the owned replicas again", "MachineDeployment", key)
@@ -78,9 +82,10 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 
 	recentlyBound := func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) }
 	use := measure(machines.Items, pendingBefore, released, newest, recentlyBound)
-	// debt > 0: owned replicas no NodeClaim uses (a Karpenter Machine was
-	// deleted by someone else); < 0: NodeClaims hold more than is counted.
-	debt := owned - use.bound - pendingCount
+	// debt > 0: owned replicas no NodeClaim uses and none held (a
+	// Karpenter Machine was deleted by someone else); < 0: NodeClaims hold
+	// more than is counted.
+	debt := owned - use.bound - pendingCount - int32(len(held))
 
 	existing := map[string]bool{}
 	var candidates []*clusterv1.Machine
@@ -178,23 +183,21 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			return 0, err
 		}
 		if gone {
-			log.FromContext(ctx).Info("giving back replica of a NodeClaim that is gone", "MachineDeployment", key, "NodeClaim", claim)
-			// The Machine raised for it may exist already: mark it, or
-			// the MachineSet would pick one by its own deletion order,
-			// possibly a bound one.
-			if victim := pickVictim(use.victims, taken, since.Add(-bindSkew)); victim != nil {
-				if err := p.markSpare(ctx, victim); errors.Is(err, errMachineChanged) {
-					later(time.Second) // bound or changed since the cache's read: decide again
-					continue
-				} else if err != nil {
-					return 0, err
-				}
-				taken[victim.Name] = true
-			}
-			c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaGivenBack", fmt.Sprintf("NodeClaim %s is gone before a Machine was bound to it: replica given back", claim))
-			ops = append(ops, &op{kind: opGiveBack, name: claim})
-			metrics.OrphansReleased.WithLabelValues("replica").Inc()
+			// Karpenter deletes a NodeClaim whose launch outlasts its
+			// launch timeout; the MachineSet may still be making the
+			// Machine for it (a burst of hundreds on one
+			// MachineDeployment). Giving the replica back would make the
+			// MachineSet undo that work and the next NodeClaim's raise
+			// redo it: the replica is held for the next reservation
+			// instead, and given back only if none takes it
+			// (giveBackHeld).
+			log.FromContext(ctx).Info("holding the replica of a NodeClaim that is gone for the next one", "MachineDeployment", key, "NodeClaim", claim)
+			c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaHeld",
+				fmt.Sprintf("NodeClaim %s is gone before a Machine was bound to it: its replica is held for the next NodeClaim for %s", claim, OrphanGrace))
+			ops = append(ops, &op{kind: opHold, name: claim, since: now})
+			metrics.OrphansReleased.WithLabelValues("held").Inc()
 			p.inflight.Delete(claim)
+			later(OrphanGrace)
 			continue
 		}
 		// Machines raised for NodeClaims come after them. No exception
@@ -231,6 +234,12 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 		taken[m.Name] = true
 		cleanup(&op{kind: opBound, name: claim}, since)
+	}
+
+	if wait, err := c.giveBackHeld(ctx, md, held, use, taken, now, func(o *op) { ops = append(ops, o) }); err != nil {
+		return 0, err
+	} else if wait > 0 {
+		later(wait)
 	}
 
 	// A spare replica (debt > 0) means the MachineSet removed another
@@ -281,6 +290,51 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		}
 	}
 	return requeue, nil
+}
+
+// giveBackHeld gives back the held replicas no reservation took within
+// OrphanGrace of being held, each with an unbound Machine made for its raise
+// when there is one (marked first, or the MachineSet would pick one by its
+// own deletion order, possibly a bound one). Machines taken in this pass
+// (bound, or marked for another replica) are left alone. It returns when to
+// look again.
+func (c *Controller) giveBackHeld(ctx context.Context, md *clusterv1.MachineDeployment, held map[string]heldReplica, use usage, taken map[string]bool, now time.Time, add func(*op)) (time.Duration, error) {
+	keys := make([]string, 0, len(held))
+	for k := range held {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if a, b := held[keys[i]], held[keys[j]]; !a.Held.Equal(b.Held) {
+			return a.Held.Before(b.Held)
+		}
+		return keys[i] < keys[j]
+	})
+	var next time.Duration
+	for _, k := range keys {
+		h := held[k]
+		if wait := OrphanGrace - now.Sub(h.Held); wait > 0 {
+			if next == 0 || wait < next {
+				next = wait
+			}
+			continue
+		}
+		victim := pickVictim(use.victims, taken, h.Raised.Add(-bindSkew))
+		if victim != nil {
+			if err := c.provider.markSpare(ctx, victim); errors.Is(err, errMachineChanged) {
+				next = time.Second // bound or changed since the cache's read: decide again
+				continue
+			} else if err != nil {
+				return 0, err
+			}
+			taken[victim.Name] = true
+		}
+		log.FromContext(ctx).Info("giving back a held replica no NodeClaim took", "MachineDeployment", client.ObjectKeyFromObject(md), "NodeClaim", k)
+		c.event(c.hubEvents, md, corev1.EventTypeNormal, "ReplicaGivenBack",
+			fmt.Sprintf("the replica held since NodeClaim %s went away was not taken within %s: given back", k, OrphanGrace))
+		metrics.OrphansReleased.WithLabelValues("replica").Inc()
+		add(&op{kind: opGiveBackHeld, name: k})
+	}
+	return next, nil
 }
 
 // newestMachineSet returns the name of the MachineDeployment's MachineSet

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
@@ -130,8 +131,28 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 			handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, t *infrav1.AWSMachineTemplate) []reconcile.Request {
 				return c.mdsUsingTemplate(ctx, infrav1.GroupVersion.Group, "AWSMachineTemplate", t.Namespace, t.Name)
 			}))).
+		// A NodeClaim deleted while reserved (Karpenter's launch timeout)
+		// is seen at once, so that its replica is held before Karpenter's
+		// next NodeClaim for the same pods reserves (and takes it).
+		WatchesRawSource(source.Kind(m.GetCache(), &karpv1.NodeClaim{}, c.nodeClaimHandler())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 10}).
 		Complete(c)
+}
+
+// nodeClaimHandler queues the MachineDeployments holding a reservation for
+// a NodeClaim that is deleted.
+func (c *Controller) nodeClaimHandler() handler.TypedEventHandler[*karpv1.NodeClaim, reconcile.Request] {
+	return handler.TypedFuncs[*karpv1.NodeClaim, reconcile.Request]{
+		DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*karpv1.NodeClaim], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			mds := &clusterv1.MachineDeploymentList{}
+			if err := c.provider.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: e.Object.Name}); err != nil {
+				return // the MachineDeployment's own requeue finds it gone later
+			}
+			for i := range mds.Items {
+				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&mds.Items[i])})
+			}
+		},
+	}
 }
 
 // machineHandler wakes Launch waiters on every change of a bound Machine and

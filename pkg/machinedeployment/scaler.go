@@ -54,15 +54,20 @@ type op struct {
 	expect int32
 	// err is set by applyOps when the op was refused (a reservation past
 	// max-size); kept when a give-back left spec.replicas at min-size.
-	err     error
-	kept    bool
+	err  error
+	kept bool
+	// took is set by applyOps when an opReserve took a held replica
+	// instead of raising one.
+	took    bool
 	applied chan error
 }
 
 type opKind int
 
 const (
-	// opReserve raises replicas by one for a NodeClaim (pending += claim).
+	// opReserve reserves a replica for a NodeClaim (pending += claim): a
+	// held replica when there is one (the oldest; the reservation takes its
+	// raise time, replicas and owned unchanged), else a raise by one.
 	opReserve opKind = iota
 	// opBound drops a NodeClaim that a Machine is now bound to (pending -= claim).
 	opBound
@@ -79,7 +84,7 @@ const (
 	opRelease
 	// opForget drops a released Machine that is gone.
 	opForget
-	// opSetOwned sets the owned-replicas count to bound + pending.
+	// opSetOwned sets the owned-replicas count to bound + pending + held.
 	opSetOwned
 	// opSpare gives back an owned replica no NodeClaim uses (its Machine
 	// was deleted by someone else): replicas and owned minus one.
@@ -91,6 +96,14 @@ const (
 	// before a Machine was bound to it: pending -= claim, owned minus one,
 	// replicas unchanged.
 	opLost
+	// opHold keeps the replica of a NodeClaim that went away before a
+	// Machine was bound to it for the next reservation: pending -= claim,
+	// held += claim (raised then, held at since), replicas and owned
+	// unchanged.
+	opHold
+	// opGiveBackHeld gives back a held replica no reservation took:
+	// held -= name, replicas and owned minus one.
+	opGiveBackHeld
 )
 
 // Scaler applies ops to MachineDeployments. Ops for one MachineDeployment
@@ -214,7 +227,7 @@ func (s *Scaler) write(ctx context.Context, key types.NamespacedName, batch []*o
 // applyOps changes md in place and reports whether anything changed.
 func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 	for _, o := range batch { // a retry after a conflict decides afresh
-		o.err, o.kept = nil, false
+		o.err, o.kept, o.took = nil, false, false
 	}
 	pending, err := hub.PendingNodeClaims(md)
 	if err != nil {
@@ -222,6 +235,10 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 		return false, err
 	}
 	released, err := hub.ReleasedMachines(md)
+	if err != nil {
+		return false, err
+	}
+	held, err := heldReplicas(md)
 	if err != nil {
 		return false, err
 	}
@@ -252,6 +269,16 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 		switch o.kind {
 		case opReserve:
 			if _, ok := pending[o.name]; !ok {
+				if h := oldestHeld(held); h != "" {
+					// No raise: the replica is up already and its
+					// Machine may be made; one made for its raise
+					// may be bound to this claim.
+					pending[o.name] = held[h].Raised
+					delete(held, h)
+					o.took = true
+					changed = true
+					continue
+				}
 				// Max-size is enforced here, on the replicas this very
 				// update writes, so a batch never raises past it.
 				if maxErr != nil || (hasMax && replicas+1 > maxSize) {
@@ -295,7 +322,7 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 			}
 		case opSetOwned:
 			if (o.expect < 0 && !hasOwned) || (o.expect >= 0 && hasOwned && owned == o.expect) {
-				owned, hasOwned = o.bound+int32(len(pending)), true
+				owned, hasOwned = o.bound+int32(len(pending))+int32(len(held)), true
 				changed = true
 			}
 		case opSpare:
@@ -312,6 +339,19 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 				}
 				changed = true
 			}
+		case opHold:
+			if raised, ok := pending[o.name]; ok {
+				delete(pending, o.name)
+				held[o.name] = heldReplica{Raised: raised, Held: o.since.UTC().Truncate(time.Second)}
+				changed = true
+			}
+		case opGiveBackHeld:
+			if _, ok := held[o.name]; ok {
+				delete(held, o.name)
+				lower(o)
+				owned--
+				changed = true
+			}
 		case opForgive:
 			if hasOwned && owned == o.expect && owned > 0 {
 				owned--
@@ -324,6 +364,7 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 	}
 	hub.SetPendingNodeClaims(md, pending)
 	hub.SetReleasedMachines(md, released)
+	setHeldReplicas(md, held)
 	if hasOwned && (!hadOwned || owned != ownedBefore) {
 		setOwnedReplicas(md, owned)
 	}

@@ -47,6 +47,7 @@ var otherNames = []string{
 	hubpkg.PendingNodeClaimsAnnotation,
 	hubpkg.ReleasedMachinesAnnotation,
 	machinedeployment.OwnedReplicasAnnotation,
+	machinedeployment.HeldReplicasAnnotation,
 	instancetype.MinSizeAnnotation,
 	instancetype.MaxSizeAnnotation,
 	allocatable.MismatchAnnotation,

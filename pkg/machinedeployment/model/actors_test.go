@@ -37,7 +37,7 @@ func (w *world) runMachineSets() {
 			}
 		}
 		want := int(ptr.Deref(md.Spec.Replicas, 0))
-		for i := len(mine); i < want; i++ {
+		for i := len(mine); i < want && !w.stalled[name]; i++ {
 			w.seq++
 			m := &clusterv1.Machine{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-m%d", name, w.seq),

@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -10,9 +11,11 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
 // bindSkew mirrors the provider's tolerance for clock skew (the design's
@@ -71,9 +74,10 @@ func (w *world) checkReplicas(old, md *clusterv1.MachineDeployment) {
 	if w.trace != nil {
 		oo, _ := owned(old)
 		no, _ := owned(md)
-		w.trace(fmt.Sprintf("  write %s: replicas %d->%d owned %d->%d pending %s -> %s released %s -> %s", md.Name, before, after, oo, no,
+		w.trace(fmt.Sprintf("  write %s: replicas %d->%d owned %d->%d pending %s -> %s released %s -> %s held %s -> %s", md.Name, before, after, oo, no,
 			old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation],
-			old.Annotations[hub.ReleasedMachinesAnnotation], md.Annotations[hub.ReleasedMachinesAnnotation]))
+			old.Annotations[hub.ReleasedMachinesAnnotation], md.Annotations[hub.ReleasedMachinesAnnotation],
+			old.Annotations[machinedeployment.HeldReplicasAnnotation], md.Annotations[machinedeployment.HeldReplicasAnnotation]))
 	}
 	if after > before {
 		if maxSize, ok := bound32(md, instancetype.MaxSizeAnnotation); ok && after > maxSize {
@@ -83,6 +87,16 @@ func (w *world) checkReplicas(old, md *clusterv1.MachineDeployment) {
 	if after < before {
 		if minSize, ok := bound32(md, instancetype.MinSizeAnnotation); ok && after < minSize {
 			w.failf("MachineDeployment %s lowered to %d replicas, below min-size %d", md.Name, after, minSize)
+		}
+	}
+	// A replica is held only for a NodeClaim that is gone.
+	oldHeld, newHeld := held(old), held(md)
+	for claim := range newHeld {
+		if _, was := oldHeld[claim]; was {
+			continue
+		}
+		if err := w.spoke.Get(context.Background(), types.NamespacedName{Name: claim}, &karpv1.NodeClaim{}); err == nil {
+			w.failf("MachineDeployment %s holds the replica of NodeClaim %s, which exists", md.Name, claim)
 		}
 	}
 	oldOwned, hadOwned := owned(old)
@@ -171,6 +185,27 @@ func (w *world) checkState() {
 	}
 }
 
+// held reads the held-replicas annotation (API server's truth).
+func held(md *clusterv1.MachineDeployment) map[string]struct{ Raised, Held time.Time } {
+	out := map[string]struct{ Raised, Held time.Time }{}
+	if raw := md.Annotations[machinedeployment.HeldReplicasAnnotation]; raw != "" {
+		_ = json.Unmarshal([]byte(raw), &out)
+	}
+	return out
+}
+
+// checkHeld: a held replica no reservation takes is given back within
+// OrphanGrace of being held, plus a few passes.
+func (w *world) checkHeld() {
+	for _, name := range w.mds {
+		for claim, h := range held(w.md(name)) {
+			if age := w.now.Sub(h.Held); age > machinedeployment.OrphanGrace+20*time.Second {
+				w.failf("MachineDeployment %s has held the replica of NodeClaim %s for %s", name, claim, age)
+			}
+		}
+	}
+}
+
 // checkSettled: invariant 6, once nothing changes.
 func (w *world) checkSettled() {
 	for _, name := range w.claimNames() {
@@ -207,6 +242,9 @@ func (w *world) checkSettled() {
 		}
 		if len(pending) > 0 {
 			w.failf("settled: MachineDeployment %s still holds reservations %v", name, pending)
+		}
+		if h := held(md); len(h) > 0 {
+			w.failf("settled: MachineDeployment %s still holds replicas %v", name, h)
 		}
 		if r := ptr.Deref(md.Spec.Replicas, 0); r != live {
 			w.failf("settled: MachineDeployment %s has %d replicas and %d live Machines", name, r, live)

@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
 var (
@@ -71,6 +74,18 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 	case r < 70:
 		w.hub.Sync()
 		w.synced = w.now
+	case r < 74:
+		// A MachineSet that makes Machines slowly (hundreds raised at
+		// once, webhooks and API server under load).
+		md := w.mds[rng.Intn(len(w.mds))]
+		w.stalled[md] = !w.stalled[md]
+		log(fmt.Sprintf("%s MachineSet stalled=%v", md, w.stalled[md]))
+	}
+	for _, name := range w.claimNames() {
+		if c := w.claims[name]; !c.launched && !c.deleting && w.now.Sub(c.created) >= launchTimeout {
+			w.timeOut(name)
+			log("launch timeout deletes NodeClaim " + name + ", core makes " + w.newClaim())
+		}
 	}
 	// The design assumes the hub cache lags by less than its grace periods
 	// (seconds, not the 30 s OrphanGrace): lag is bounded to 10 s here.
@@ -80,6 +95,7 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 	}
 	w.act(rng)
 	w.checkState()
+	w.checkHeld()
 }
 
 // act lets core, the provider's controller, Cluster API and the
@@ -114,6 +130,7 @@ func (w *world) act(rng *rand.Rand) {
 func (w *world) settle() {
 	w.hub.SetLag(false)
 	w.exhausted = map[string]bool{}
+	w.stalled = map[string]bool{}
 	rng := rand.New(rand.NewSource(1))
 	for range 40 {
 		w.now = w.now.Add(5 * time.Second)
@@ -189,7 +206,8 @@ func runModel(t *testing.T, s int64, n int) {
 		t.Fatalf("seed %d: invariants broken:\n  %s\nlast steps:\n  %s", s, strings.Join(dedupe(w.failures), "\n  "), strings.Join(trail, "\n  "))
 	}
 	el := time.Since(start)
-	t.Logf("seed %d: %d steps in %s (%.0f steps/s)", s, done, el.Round(time.Millisecond), float64(done)/el.Seconds())
+	t.Logf("seed %d: %d steps in %s (%.0f steps/s); replicas held for a next NodeClaim so far in this process: %.0f",
+		s, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), heldSoFar())
 }
 
 func dedupe(in []string) []string {
@@ -208,4 +226,14 @@ func flagSet(name string) bool {
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// heldSoFar is the provider's count of replicas held for a next NodeClaim
+// (its metric), to show that a run met the case.
+func heldSoFar() float64 {
+	m := &dto.Metric{}
+	if err := metrics.OrphansReleased.WithLabelValues("held").Write(m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
 }

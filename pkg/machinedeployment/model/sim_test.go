@@ -51,7 +51,17 @@ type claimState struct {
 	chosen   *types.NamespacedName
 	launched bool
 	deleting bool
+	created  time.Time
 }
+
+// launchTimeout is Karpenter core's launch timeout in the model: a NodeClaim
+// not launched this long after its creation is deleted (without a Delete
+// call: it has no providerID), and core makes a new NodeClaim for its pods.
+// Core's is 5 minutes; the model's MachineSets make Machines within seconds
+// unless stalled, so the model's is shorter, to meet it as often as a burst
+// of hundreds on one MachineDeployment does (docs/performance.md, "1 000
+// nodes").
+const launchTimeout = 45 * time.Second
 
 // world is the simulation.
 type world struct {
@@ -71,6 +81,7 @@ type world struct {
 	claims    map[string]*claimState
 	mds       []string
 	exhausted map[string]bool // MachineDeployment -> its launches fail
+	stalled   map[string]bool // MachineDeployment -> its MachineSet makes no Machines
 	userOwned map[string]bool // Machines that existed before Karpenter (never bindable)
 	seq       int
 	failures  []string
@@ -84,7 +95,7 @@ type world struct {
 // at the given replicas of someone else's (Machines with Nodes).
 func newWorld(t testing.TB, replicas map[string]int32, mdAnnotations map[string]map[string]string, templateLabels map[string]string) *world {
 	w := &world{t: t, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), claims: map[string]*claimState{},
-		exhausted: map[string]bool{}, userOwned: map[string]bool{}}
+		exhausted: map[string]bool{}, stalled: map[string]bool{}, userOwned: map[string]bool{}}
 	w.hub = hubtest.New(hub.Scope{Namespace: ns, ClusterName: cluster}, w.checks())
 	w.spoke = fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
 	w.acting.Store(true)
@@ -190,7 +201,7 @@ func (w *world) newClaim() string {
 	w.acting.Store(true)
 	defer w.acting.Store(false)
 	w.must(w.spoke.Create(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(w.now)}}))
-	w.claims[name] = &claimState{}
+	w.claims[name] = &claimState{created: w.now}
 	return name
 }
 
@@ -250,6 +261,15 @@ func (w *world) remove(name string) error {
 		return nil
 	}
 	return err
+}
+
+// timeOut is core's launch timeout: the NodeClaim is deleted outright (its
+// finalizer does not call Delete without a providerID).
+func (w *world) timeOut(name string) {
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
+	delete(w.claims, name)
 }
 
 func (w *world) failf(format string, args ...any) {

@@ -1,0 +1,118 @@
+package model
+
+import (
+	"testing"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+)
+
+// Held replicas (docs/design/machinedeployment-binding.md, "Held
+// replicas"), found by make bench-1000: Karpenter core deletes a NodeClaim
+// whose launch outlasts its launch timeout; when its MachineSet had not made
+// the Machine yet, giving the replica back made the MachineSet undo its
+// work, and the next NodeClaim's raise redo it, over and over.
+
+// timedOutBeforeItsMachine raises a replica for a new NodeClaim on "cheap"
+// while its MachineSet makes no Machines, lets core's launch timeout delete
+// the NodeClaim, and lets the provider find it gone. It returns the claim.
+func (w *world) timedOutBeforeItsMachine(t *testing.T) string {
+	t.Helper()
+	w.reconcile() // the provider has counted its (no) replicas
+	w.stalled["cheap"] = true
+	before := w.replicas("cheap")
+	a := w.newClaim()
+	if err := w.create(a); err == nil {
+		t.Fatalf("NodeClaim %s launched without a Machine", a)
+	}
+	if got := w.replicas("cheap"); got != before+1 {
+		t.Fatalf("cheap has %d replicas after the raise for %s, want %d", got, a, before+1)
+	}
+	w.now = w.now.Add(launchTimeout)
+	w.timeOut(a)
+	w.now = w.now.Add(machinedeployment.OrphanGrace)
+	w.hub.Sync()
+	w.reconcile()
+	w.noFailures(t)
+	return a
+}
+
+// The next NodeClaim takes the held replica instead of raising another, and
+// is bound to the Machine the MachineSet made for the first raise: one
+// Machine made in all, replicas never lowered and raised again.
+func TestANodeClaimTimedOutBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	a := w.timedOutBeforeItsMachine(t)
+	if got := w.replicas("cheap"); got != 1 {
+		t.Fatalf("cheap has %d replicas once NodeClaim %s is gone, want 1: the replica is held, not given back", got, a)
+	}
+	if h := held(w.md("cheap")); len(h) != 1 {
+		t.Fatalf("cheap holds %v, want the replica of %s", h, a)
+	}
+	// The MachineSet gets to it: the Machine made for a's raise.
+	w.stalled["cheap"] = false
+	w.runMachineSets()
+	first := w.machines()
+	if len(first) != 1 {
+		t.Fatalf("want the one Machine made for the held replica, got %d", len(first))
+	}
+	w.now = w.now.Add(5 * time.Second)
+	b := w.newClaim()
+	_ = w.create(b)
+	if got := w.replicas("cheap"); got != 1 {
+		t.Fatalf("cheap has %d replicas once NodeClaim %s reserved: it took the held replica, want 1", got, b)
+	}
+	w.mustLaunch(t, 20, b)
+	w.noFailures(t)
+	if m := w.machineOf(b); m == nil || m.Name != first[0].Name {
+		t.Errorf("NodeClaim %s is bound to %v, want Machine %s made for the held replica", b, m, first[0].Name)
+	}
+	if ms := w.machines(); len(ms) != 1 {
+		t.Errorf("%d Machines, want 1: the held replica's Machine was undone and made again", len(ms))
+	}
+	md := w.md("cheap")
+	if n, _ := owned(md); n != 1 || len(held(md)) != 0 {
+		t.Errorf("cheap owns %d replicas and holds %v, want 1 (b's) and none", n, held(md))
+	}
+}
+
+// A held replica no NodeClaim takes is given back OrphanGrace after it was
+// held, with the Machine made for it (marked, so the MachineSet removes that
+// one and not another).
+func TestAHeldReplicaNoNodeClaimTakesIsGivenBack(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.timedOutBeforeItsMachine(t)
+	w.stalled["cheap"] = false
+	w.runMachineSets()
+	if ms := w.machines(); len(ms) != 1 {
+		t.Fatalf("want the one Machine made for the held replica, got %d", len(ms))
+	}
+	w.hub.Sync()
+	w.rounds(int(machinedeployment.OrphanGrace/time.Second)+10, func() bool { return w.replicas("cheap") == 0 && w.liveMachines("cheap") == 0 })
+	w.noFailures(t)
+	md := w.md("cheap")
+	n, _ := owned(md)
+	if r, live := w.replicas("cheap"), w.liveMachines("cheap"); r != 0 || live != 0 || n != 0 || len(held(md)) != 0 {
+		t.Errorf("cheap has %d replicas, %d live Machines, owns %d, holds %v: want the held replica given back with its Machine", r, live, n, held(md))
+	}
+}
+
+// Someone else's replicas stay untouched by a held replica given back: the
+// owner's Machines with Nodes are not the one marked.
+func TestAHeldReplicaIsGivenBackWithItsOwnMachine(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 2, "dear": 0}, nil, nil)
+	w.timedOutBeforeItsMachine(t)
+	w.stalled["cheap"] = false
+	w.runMachineSets()
+	w.hub.Sync()
+	w.rounds(int(machinedeployment.OrphanGrace/time.Second)+10, func() bool { return w.replicas("cheap") == 2 && w.liveMachines("cheap") == 2 })
+	w.noFailures(t)
+	w.ownersMachinesUntouched(t)
+	for _, m := range w.machines() {
+		if m.Labels[clusterv1.MachineDeploymentNameLabel] == "cheap" && m.DeletionTimestamp.IsZero() && !w.userOwned[m.Name] {
+			t.Errorf("Machine %s made for the held replica is still live", m.Name)
+		}
+	}
+}
