@@ -186,6 +186,22 @@ func (p *Provider) markGiveBackVictim(ctx context.Context, md *clusterv1.Machine
 // was made on; the next pass decides on a fresh read.
 var errMachineChanged = errors.New("machine changed since it was read")
 
+// unmarkSpare takes the spare mark off a Machine marked for a give-back
+// that did not happen. A Machine changed or gone since keeps its state.
+func (p *Provider) unmarkSpare(ctx context.Context, m *clusterv1.Machine) error {
+	if !spareMarked(m) {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(m.Annotations, clusterv1.DeleteMachineAnnotation)
+	switch err := p.hub.GetClient().Patch(ctx, m, patch); {
+	case err == nil, apierrors.IsNotFound(err), apierrors.IsConflict(err):
+		return nil
+	default:
+		return fmt.Errorf("unmarking Machine %s/%s: %w", m.Namespace, m.Name, err)
+	}
+}
+
 // markSpare marks an unbound Machine for deletion, to give a replica back
 // with it (see spareMark). The Machine was picked as unbound from the cache,
 // which may lag behind a binding made since (by this process before a

@@ -58,7 +58,11 @@ type op struct {
 	kept bool
 	// took is set by applyOps when an opReserve took a held replica
 	// instead of raising one.
-	took    bool
+	took bool
+	// done is set by applyOps when an opHold or opGiveBackHeld changed
+	// the MachineDeployment (a retry, or one decided on a stale read,
+	// may find nothing to do).
+	done    bool
 	applied chan error
 }
 
@@ -227,7 +231,7 @@ func (s *Scaler) write(ctx context.Context, key types.NamespacedName, batch []*o
 // applyOps changes md in place and reports whether anything changed.
 func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 	for _, o := range batch { // a retry after a conflict decides afresh
-		o.err, o.kept, o.took = nil, false, false
+		o.err, o.kept, o.took, o.done = nil, false, false, false
 	}
 	pending, err := hub.PendingNodeClaims(md)
 	if err != nil {
@@ -343,14 +347,14 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 			if raised, ok := pending[o.name]; ok {
 				delete(pending, o.name)
 				held[o.name] = heldReplica{Raised: raised, Held: o.since.UTC().Truncate(time.Second)}
-				changed = true
+				changed, o.done = true, true
 			}
 		case opGiveBackHeld:
 			if _, ok := held[o.name]; ok {
 				delete(held, o.name)
 				lower(o)
 				owned--
-				changed = true
+				changed, o.done = true, true
 			}
 		case opForgive:
 			if hasOwned && owned == o.expect && owned > 0 {

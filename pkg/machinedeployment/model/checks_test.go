@@ -195,12 +195,21 @@ func held(md *clusterv1.MachineDeployment) map[string]struct{ Raised, Held time.
 }
 
 // checkHeld: a held replica no reservation takes is given back within
-// OrphanGrace of being held, plus a few passes.
+// OrphanGrace of being held and of its MachineSet settling (as many live
+// Machines as replicas), plus a few passes.
 func (w *world) checkHeld() {
 	for _, name := range w.mds {
-		for claim, h := range held(w.md(name)) {
-			if age := w.now.Sub(h.Held); age > machinedeployment.OrphanGrace+20*time.Second {
-				w.failf("MachineDeployment %s has held the replica of NodeClaim %s for %s", name, claim, age)
+		md := w.md(name)
+		if ptr.Deref(md.Spec.Replicas, 0) != int32(w.liveMachines(name)) {
+			w.unsettled[name] = w.now
+		}
+		for claim, h := range held(md) {
+			since := h.Held
+			if w.unsettled[name].After(since) {
+				since = w.unsettled[name]
+			}
+			if age := w.now.Sub(since); age > machinedeployment.OrphanGrace+20*time.Second {
+				w.failf("MachineDeployment %s has held the replica of NodeClaim %s for %s since it was held or its MachineSet settled", name, claim, age)
 			}
 		}
 	}

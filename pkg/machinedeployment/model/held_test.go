@@ -116,3 +116,67 @@ func TestAHeldReplicaIsGivenBackWithItsOwnMachine(t *testing.T) {
 		}
 	}
 }
+
+// Found by make bench-1000 (187 give-backs of held replicas decided in a
+// minute, 4 of them real): a held replica may be taken by any Launch, and
+// a cache that lags still shows it held. The give-back is decided on a live
+// read, so the Machine made for the replica is not marked while the
+// NodeClaim that took it waits for it.
+func TestAHeldReplicaTakenWhileTheCacheLagsIsNotGivenBack(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.timedOutBeforeItsMachine(t)
+	w.stalled["cheap"] = false
+	w.runMachineSets()
+	made := w.machines()
+	if len(made) != 1 {
+		t.Fatalf("want the one Machine made for the held replica, got %d", len(made))
+	}
+	w.hub.Sync()
+	w.hub.SetLag(true)
+	b := w.newClaim()
+	_ = w.create(b) // takes the held replica; the cache does not show it
+	w.now = w.now.Add(machinedeployment.OrphanGrace + time.Second)
+	w.reconcile()
+	w.noFailures(t)
+	for _, m := range w.machines() {
+		if m.Name == made[0].Name && marked(&m) {
+			t.Fatalf("Machine %s, made for the replica NodeClaim %s took, was marked %q: a give-back decided on the lagging cache", m.Name, b, m.Annotations[clusterv1.DeleteMachineAnnotation])
+		}
+	}
+	w.hub.SetLag(false)
+	w.mustLaunch(t, 20, b)
+	w.noFailures(t)
+	if m := w.machineOf(b); m == nil || m.Name != made[0].Name {
+		t.Errorf("NodeClaim %s is bound to %v, want Machine %s", b, m, made[0].Name)
+	}
+	if got := w.replicas("cheap"); got != 1 {
+		t.Errorf("cheap has %d replicas, want 1 (b's)", got)
+	}
+}
+
+// Found by make bench-1000: after a mass launch timeout, Karpenter took
+// more than OrphanGrace to plan the successors of hundreds of NodeClaims,
+// and their held replicas were given back while the MachineSet was still
+// making the Machines for them. A held replica waits while its MachineSet
+// has fewer Machines than replicas.
+func TestAHeldReplicaWaitsWhileItsMachineSetStillMakesMachines(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.timedOutBeforeItsMachine(t)
+	for range 4 { // two minutes of a MachineSet that makes nothing
+		w.now = w.now.Add(machinedeployment.OrphanGrace)
+		w.hub.Sync()
+		w.reconcile()
+	}
+	w.noFailures(t)
+	if got, h := w.replicas("cheap"), held(w.md("cheap")); got != 1 || len(h) != 1 {
+		t.Fatalf("cheap has %d replicas and holds %v while its MachineSet has made nothing: want the replica still held", got, h)
+	}
+	w.stalled["cheap"] = false
+	w.runMachineSets()
+	b := w.newClaim()
+	w.mustLaunch(t, 20, b)
+	w.noFailures(t)
+	if n := len(w.machines()); n != 1 || w.replicas("cheap") != 1 {
+		t.Errorf("%d Machines and %d replicas, want 1 and 1: the successor took the held replica", n, w.replicas("cheap"))
+	}
+}

@@ -80,9 +80,10 @@ type world struct {
 
 	claims    map[string]*claimState
 	mds       []string
-	exhausted map[string]bool // MachineDeployment -> its launches fail
-	stalled   map[string]bool // MachineDeployment -> its MachineSet makes no Machines
-	userOwned map[string]bool // Machines that existed before Karpenter (never bindable)
+	exhausted map[string]bool      // MachineDeployment -> its launches fail
+	stalled   map[string]bool      // MachineDeployment -> its MachineSet makes no Machines
+	unsettled map[string]time.Time // MachineDeployment -> when its MachineSet last had fewer or more Machines than replicas
+	userOwned map[string]bool      // Machines that existed before Karpenter (never bindable)
 	seq       int
 	failures  []string
 	synced    time.Time // when the cache last caught up
@@ -95,7 +96,7 @@ type world struct {
 // at the given replicas of someone else's (Machines with Nodes).
 func newWorld(t testing.TB, replicas map[string]int32, mdAnnotations map[string]map[string]string, templateLabels map[string]string) *world {
 	w := &world{t: t, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), claims: map[string]*claimState{},
-		exhausted: map[string]bool{}, stalled: map[string]bool{}, userOwned: map[string]bool{}}
+		exhausted: map[string]bool{}, stalled: map[string]bool{}, unsettled: map[string]time.Time{}, userOwned: map[string]bool{}}
 	w.hub = hubtest.New(hub.Scope{Namespace: ns, ClusterName: cluster}, w.checks())
 	w.spoke = fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
 	w.acting.Store(true)
