@@ -191,9 +191,9 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			// MachineSet undo that work and the next NodeClaim's raise
 			// redo it: the replica is held for the next reservation
 			// instead, and given back only if none takes it
-			// (giveBackHeld).
-			// Told once the write did it: on a cache that lags, a
-			// pass may decide a hold already made.
+			// (giveBackHeld). It is logged, evented and counted once
+			// the write did it: on a cache that lags, a pass may
+			// decide a hold already made.
 			hold := &op{kind: opHold, name: claim, since: now}
 			holds = append(holds, hold)
 			ops = append(ops, hold)

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -103,21 +104,7 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 
 	// Every Machine ever created for the MachineDeployment.
 	hubCache, _ := worldCaches(t)
-	inf, err := hubCache.GetInformer(ctx, &clusterv1.Machine{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	created := map[string]bool{}
-	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: func(o any) {
-		if m, ok := o.(*clusterv1.Machine); ok && m.Labels[clusterv1.MachineDeploymentNameLabel] == md.Name {
-			mu.Lock()
-			created[m.Name] = true
-			mu.Unlock()
-		}
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	machinesMade := countMachinesMade(ctx, t, hubCache, md.Name)
 	go func() { _ = hubCache.Start(ctx) }()
 	hubCache.WaitForCacheSync(ctx)
 
@@ -194,9 +181,7 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 	for _, s := range stops {
 		perStep[s.step]++
 	}
-	mu.Lock()
-	total := len(created)
-	mu.Unlock()
+	total := machinesMade()
 	t.Logf("%d injected stops %v; %d Machines created in all; %d spare replicas given back", len(stops), perStep, total, mdEvents(t, md, "SpareReplicaGivenBack"))
 	if len(stops) < 10 {
 		t.Fatalf("only %d injected stops (%v): want at least 10", len(stops), perStep)
@@ -254,4 +239,30 @@ func mdEvents(t testing.TB, md *clusterv1.MachineDeployment, reason string) int 
 		}
 	}
 	return n
+}
+
+// countMachinesMade counts every Machine of the MachineDeployment named md
+// that the (unstarted) hub cache sees created, from its start on.
+func countMachinesMade(ctx context.Context, t testing.TB, hubCache cache.Cache, md string) func() int {
+	t.Helper()
+	inf, err := hubCache.GetInformer(ctx, &clusterv1.Machine{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	created := map[string]bool{}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: func(o any) {
+		if m, ok := o.(*clusterv1.Machine); ok && m.Labels[clusterv1.MachineDeploymentNameLabel] == md {
+			mu.Lock()
+			created[m.Name] = true
+			mu.Unlock()
+		}
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(created)
+	}
 }

@@ -40,7 +40,6 @@ func TestANodeClaimDeletedBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T
 	hubCache, _ := worldCaches(t)
 	var mu sync.Mutex
 	var seen []int32
-	created := map[string]bool{}
 	mdInf, err := hubCache.GetInformer(ctx, &clusterv1.MachineDeployment{})
 	if err != nil {
 		t.Fatal(err)
@@ -57,19 +56,7 @@ func TestANodeClaimDeletedBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T
 	if _, err := mdInf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: record, UpdateFunc: func(_, o any) { record(o) }}); err != nil {
 		t.Fatal(err)
 	}
-	mInf, err := hubCache.GetInformer(ctx, &clusterv1.Machine{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := mInf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: func(o any) {
-		if m, ok := o.(*clusterv1.Machine); ok && m.Labels[clusterv1.MachineDeploymentNameLabel] == md.Name {
-			mu.Lock()
-			created[m.Name] = true
-			mu.Unlock()
-		}
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	machinesMade := countMachinesMade(ctx, t, hubCache, md.Name)
 	go func() { _ = hubCache.Start(ctx) }()
 	hubCache.WaitForCacheSync(ctx)
 
@@ -95,11 +82,7 @@ func TestANodeClaimDeletedBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T
 	// the provider takes a NodeClaim for gone only then.
 	var first string
 	if err := WaitFor(ctx, 3*time.Minute, func(ctx context.Context) (bool, error) {
-		cur := &clusterv1.MachineDeployment{}
-		if err := w.Hub.Client.Get(ctx, key, cur); err != nil {
-			return false, err
-		}
-		pending, err := hub.PendingNodeClaims(cur)
+		_, pending, err := pendingOn(ctx, key)
 		if err != nil {
 			return false, err
 		}
@@ -121,11 +104,7 @@ func TestANodeClaimDeletedBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T
 	// Core makes the next NodeClaim for the pod; it takes the held replica.
 	var next string
 	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		cur := &clusterv1.MachineDeployment{}
-		if err := w.Hub.Client.Get(ctx, key, cur); err != nil {
-			return false, err
-		}
-		pending, err := hub.PendingNodeClaims(cur)
+		cur, pending, err := pendingOn(ctx, key)
 		if err != nil {
 			return false, err
 		}
@@ -158,8 +137,9 @@ func TestANodeClaimDeletedBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T
 	}
 
 	mu.Lock()
-	replicas, made := append([]int32(nil), seen...), len(created)
+	replicas := append([]int32(nil), seen...)
 	mu.Unlock()
+	made := machinesMade()
 	t.Logf("spec.replicas went %v; %d Machines made", replicas, made)
 	for i, r := range replicas {
 		if i > 0 && r != 1 {
@@ -179,6 +159,16 @@ func TestANodeClaimDeletedBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T
 	if nodes[0].Labels[corev1.LabelInstanceTypeStable] != "m5.large" {
 		t.Errorf("the node is %s, want m5.large", nodes[0].Labels[corev1.LabelInstanceTypeStable])
 	}
+}
+
+// pendingOn reads a MachineDeployment and its reservations.
+func pendingOn(ctx context.Context, key client.ObjectKey) (*clusterv1.MachineDeployment, map[string]time.Time, error) {
+	cur := &clusterv1.MachineDeployment{}
+	if err := w.Hub.Client.Get(ctx, key, cur); err != nil {
+		return nil, nil, err
+	}
+	pending, err := hub.PendingNodeClaims(cur)
+	return cur, pending, err
 }
 
 // setPaused sets or removes Cluster API's paused annotation on a
