@@ -20,7 +20,7 @@ import (
 func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hub.Hub, store *instancetype.Store,
 	md *machinedeployment.Provider, mm *machine.Provider) []controller.Controller {
 	return []controller.Controller{
-		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store, mm.Catalogue()), store.Changes()),
+		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store, mm.Catalogue()), store.Subscribe()),
 		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
 		machine.NewGarbageCollector(mm, kubeClient, kubeAPIReader),
 		allocatable.NewController(kubeClient),

@@ -184,20 +184,50 @@ func TestReplicaChangesKeepTheMemoUnlessAMaxSizeIsSet(t *testing.T) {
 func TestStoreKeepsAnUnusableSourceWithoutPanicking(t *testing.T) {
 	bad := map[string]string{"capacity.cluster-autoscaler.kubernetes.io/cpu": "two"}
 	s := NewStore()
+	changes := s.Subscribe()
 	s.Put(FromMachineDeployment(md("bad", bad, "us-east-1a", 0), nil))
-	<-s.Changes()
+	<-changes
 	// The same unusable MachineDeployment again (a resync): no change, no panic.
 	s.Put(FromMachineDeployment(md("bad", bad, "us-east-1a", 0), nil))
 	select {
-	case <-s.Changes():
+	case <-changes:
 		t.Fatal("an unchanged unusable source must not signal a change")
 	default:
 	}
 	// Another error message is a change.
 	s.Put(FromMachineDeployment(md("bad", map[string]string{"capacity.cluster-autoscaler.kubernetes.io/cpu": "three"}, "us-east-1a", 0), nil))
 	select {
-	case <-s.Changes():
+	case <-changes:
 	default:
 		t.Fatal("a new error must signal a change")
+	}
+}
+
+// Each listener (the NodeClass status controller, the NodeOverlay refresh)
+// gets every change: one reading its signal does not take it from another.
+func TestStoreSignalsEveryListener(t *testing.T) {
+	s := NewStore()
+	a, b := s.Subscribe(), s.Subscribe()
+	s.Put(FromMachineDeployment(md("one", nil, "us-east-1a", 0), nil))
+	s.Put(FromMachineDeployment(md("two", nil, "us-east-1a", 0), nil))
+	for name, ch := range map[string]<-chan struct{}{"first": a, "second": b} {
+		select {
+		case <-ch:
+		default:
+			t.Fatalf("the %s listener was not told of the change", name)
+		}
+		select {
+		case <-ch:
+			t.Fatalf("the %s listener got two signals for changes it had not read yet; one covers both", name)
+		default:
+		}
+	}
+	s.Notify()
+	for name, ch := range map[string]<-chan struct{}{"first": a, "second": b} {
+		select {
+		case <-ch:
+		default:
+			t.Fatalf("Notify did not reach the %s listener", name)
+		}
 	}
 }

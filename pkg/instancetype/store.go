@@ -25,7 +25,9 @@ type Store struct {
 	sources    map[types.NamespacedName]Source
 	generation uint64
 	memo       map[string]memoEntry
-	changes    chan struct{}
+
+	subMu     sync.Mutex
+	listeners []chan struct{}
 }
 
 type memoEntry struct {
@@ -35,7 +37,7 @@ type memoEntry struct {
 
 // NewStore returns an empty store.
 func NewStore() *Store {
-	return &Store{sources: map[types.NamespacedName]Source{}, memo: map[string]memoEntry{}, changes: make(chan struct{}, 1)}
+	return &Store{sources: map[types.NamespacedName]Source{}, memo: map[string]memoEntry{}}
 }
 
 // SetPrimer sets the function that fills the store from the hub's current
@@ -63,24 +65,33 @@ func (s *Store) Prime(ctx context.Context) error {
 	return nil
 }
 
-// Changes signals (coalesced) that sources changed.
-func (s *Store) Changes() <-chan struct{} { return s.changes }
+// Subscribe returns a channel that signals (coalesced: one pending signal
+// covers every change before it is read) each change after the call. Every
+// listener gets its own channel, so none takes a signal from another.
+func (s *Store) Subscribe() <-chan struct{} {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	ch := make(chan struct{}, 1)
+	s.listeners = append(s.listeners, ch)
+	return ch
+}
 
-// Notify signals listeners on Changes without changing any source: Machine
-// mode's templates live elsewhere but wake the same listeners.
+// Notify signals every listener without changing any source: Machine mode's
+// templates live elsewhere but wake the same listeners.
 func (s *Store) Notify() {
-	select {
-	case s.changes <- struct{}{}:
-	default:
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	for _, ch := range s.listeners {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
 func (s *Store) changed() {
 	s.generation++
-	select {
-	case s.changes <- struct{}{}:
-	default:
-	}
+	s.Notify()
 }
 
 // Put records the source of an origin.

@@ -26,6 +26,7 @@ import (
 	_ "github.com/autonode/karpenter-clusterapi/pkg/apis" // registers the types in core's scheme
 	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
+	overlaycontroller "github.com/autonode/karpenter-clusterapi/pkg/controllers/overlay"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/launch"
@@ -150,7 +151,7 @@ func (o *Operator) Run(ctx context.Context) {
 	repairPolicyMatcher := lo.Must(health.NewRepairPolicyMatcher(ctx, cloudProvider))
 	clusterState := state.NewCluster(o.Clock, o.GetClient(), cloudProvider, state.WithRepairPolicyMatcher(repairPolicyMatcher))
 	log.FromContext(ctx).WithValues("namespace", o.Hub.Scope.Namespace, "cluster", o.Hub.Scope.ClusterName).Info("starting Cluster API provider")
-	o.WithControllers(ctx, corecontrollers.NewControllers(
+	coreControllers := corecontrollers.NewControllers(
 		ctx,
 		o.Manager,
 		o.Clock,
@@ -161,7 +162,11 @@ func (o *Operator) Run(ctx context.Context) {
 		clusterState,
 		o.InstanceTypeStore,
 		o.PredictionStore,
-	)...).
+	)
+	// Instance types come and go with the hub's MachineDeployments and
+	// templates: NodeOverlays are re-evaluated on each change.
+	coreControllers = overlaycontroller.Replace(coreControllers, o.GetClient(), undecorated.GetSupportedNodeClasses(), store.Subscribe())
+	o.WithControllers(ctx, coreControllers...).
 		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider)...).
 		Start(ctx)
 }

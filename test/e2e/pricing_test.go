@@ -52,12 +52,13 @@ func TestConsolidationReplacesWithCheaperMachineDeployment(t *testing.T) {
 	}
 }
 
-// A NodeOverlay that raises the cheaper type's price flips the choice.
+// A NodeOverlay that raises the cheaper type's price flips the choice, also
+// when it was written before the MachineDeployments it prices existed (core
+// evaluated it then against a NodePool with no instance types): a user
+// adding a MachineDeployment to a cluster whose overlays are in place.
 func TestNodeOverlayPriceFlipsTheChoice(t *testing.T) {
+	ctx := context.Background()
 	pool(t, "ovl")
-	small := machineDeployment(t, "ovl", "ovl-m5-large", "m5.large", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.10"})
-	big := machineDeployment(t, "ovl", "ovl-m5-xlarge", "m5.xlarge", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.20"})
-	mds := []*clusterv1.MachineDeployment{small, big}
 	price := "0.50"
 	overlay := &karpv1alpha1.NodeOverlay{
 		ObjectMeta: metav1.ObjectMeta{Name: "ovl-m5-large-dearer"},
@@ -69,12 +70,13 @@ func TestNodeOverlayPriceFlipsTheChoice(t *testing.T) {
 			Price: &price,
 		},
 	}
-	if err := w.Spoke.Client.Create(context.Background(), overlay); err != nil {
+	if err := w.Spoke.Client.Create(ctx, overlay); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Spoke.Client.Delete(context.Background(), overlay) })
-	// Wait until core has taken the overlay in (it reports it on the overlay's status).
-	if err := WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
+	// Wait until core has evaluated the overlay (it reports it on the
+	// overlay's status): at that moment the pool has no instance types.
+	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
 		o := &karpv1alpha1.NodeOverlay{}
 		if err := w.Spoke.Client.Get(ctx, client.ObjectKeyFromObject(overlay), o); err != nil {
 			return false, err
@@ -82,6 +84,19 @@ func TestNodeOverlayPriceFlipsTheChoice(t *testing.T) {
 		return o.StatusConditions().Root().IsTrue(), nil
 	}); err != nil {
 		t.Fatalf("NodeOverlay not ready: %v", err)
+	}
+	small := machineDeployment(t, "ovl", "ovl-m5-large", "m5.large", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.10"})
+	big := machineDeployment(t, "ovl", "ovl-m5-xlarge", "m5.xlarge", "us-east-1b", map[string]string{v1alpha1.PriceAnnotation: "0.20"})
+	mds := []*clusterv1.MachineDeployment{small, big}
+	// Both types are in the NodeClass's catalogue before the pod exists.
+	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		nc := &v1alpha1.ClusterAPINodeClass{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "ovl"}, nc); err != nil {
+			return false, err
+		}
+		return slices.Equal(nc.Status.InstanceTypes, []string{"m5.large", "m5.xlarge"}), nil
+	}); err != nil {
+		t.Fatalf("NodeClass ovl does not list both instance types: %v", err)
 	}
 	deployment(t, "ovl", "app-ovl", 1, "1")
 	got := waitCounts(t, 4*time.Minute, "ovl", "app-ovl", mds, func(c counts) bool { return c.RunningPods == 1 })
