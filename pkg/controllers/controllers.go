@@ -6,6 +6,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/allocatable"
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/machinegone"
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/zone"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
@@ -18,12 +19,13 @@ import (
 // NewControllers returns the provider's controllers. kubeClient and
 // kubeAPIReader are the workload cluster's cached client and live reader.
 func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hub.Hub, store *instancetype.Store,
-	md *machinedeployment.Provider, mm *machine.Provider) []controller.Controller {
+	md *machinedeployment.Provider, mm *machine.Provider, machines *hub.Lookup) []controller.Controller {
 	return []controller.Controller{
 		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store, mm.Catalogue()), store.Subscribe()),
 		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
 		machine.NewGarbageCollector(mm, kubeClient, kubeAPIReader),
 		allocatable.NewController(kubeClient),
 		zone.NewController(kubeClient),
+		machinegone.NewController(kubeClient, h, machines),
 	}
 }

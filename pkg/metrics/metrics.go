@@ -61,8 +61,15 @@ var (
 		Name:      "machine_launch_failures_total",
 		Help:      "Standalone Machines (Machine mode) removed because their launch failed, by reason (insufficient_capacity, timeout, failed).",
 	}, []string{"reason"})
+	// NodeClaimsMachineGone counts NodeClaims deleted because their Machine
+	// went before their Node registered.
+	NodeClaimsMachineGone = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace,
+		Name:      "nodeclaims_machine_gone_total",
+		Help:      "Launched NodeClaims deleted because their Machine was deleted (by someone else: a scale-down, a MachineHealthCheck, a rollout) before their Node registered, so that Karpenter replaces them at once.",
+	})
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased, OfferingPrice, UnavailableOfferings, MachineLaunchFailures)
+	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased, OfferingPrice, UnavailableOfferings, MachineLaunchFailures, NodeClaimsMachineGone)
 }

@@ -167,6 +167,6 @@ func (o *Operator) Run(ctx context.Context) {
 	// templates: NodeOverlays are re-evaluated on each change.
 	coreControllers = overlaycontroller.Replace(coreControllers, o.GetClient(), undecorated.GetSupportedNodeClasses(), store.Subscribe())
 	o.WithControllers(ctx, coreControllers...).
-		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider)...).
+		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines)...).
 		Start(ctx)
 }
