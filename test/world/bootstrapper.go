@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
@@ -158,6 +159,7 @@ func newBootstrapManager(cfg *rest.Config, log logr.Logger) (ctrl.Manager, error
 	b := &simBootstrapper{client: mgr.GetClient()}
 	return mgr, ctrl.NewControllerManagedBy(mgr).Named("sim-bootstrap-kubeadmconfig").
 		For(&bootstrapv1.KubeadmConfig{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: cabpkKubeadmConfigConcurrency}).
 		Complete(b)
 }
 

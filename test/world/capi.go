@@ -64,6 +64,17 @@ const (
 	capiRemoteConditionsGrace   = 5 * time.Minute
 )
 
+// Concurrency of the simulated parts, as what they stand for runs.
+const (
+	// capaAWSMachineConcurrency is CAPA's --awsmachine-concurrency default.
+	capaAWSMachineConcurrency = 10
+	// cabpkKubeadmConfigConcurrency is CABPK's --kubeadmconfig-concurrency
+	// default.
+	cabpkKubeadmConfigConcurrency = 100
+	// kubeletConcurrency stands for each Node's own kubelet.
+	kubeletConcurrency = 50
+)
+
 // hubScheme has what Cluster API's manager registers that the world uses,
 // plus CAPA's types.
 func hubScheme() (*runtime.Scheme, error) {

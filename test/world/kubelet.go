@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -103,6 +104,9 @@ func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
 	if err := ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-node").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(simulatedNode))).
 		WatchesRawSource(source.Channel(k.events, &handler.EnqueueRequestForObject{})).
+		// Every Node has a kubelet of its own: its heartbeats do not queue
+		// behind a thousand others'.
+		WithOptions(controller.Options{MaxConcurrentReconciles: kubeletConcurrency}).
 		Complete(reconcile.Func(k.reconcileNode)); err != nil {
 		return err
 	}
@@ -113,6 +117,7 @@ func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
 		}))).
 		// A Node becoming ours (or Ready) lets its Pods start.
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(k.nodeToPods)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: kubeletConcurrency}).
 		Complete(reconcile.Func(k.reconcilePod))
 }
 
