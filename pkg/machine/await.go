@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
@@ -19,15 +20,26 @@ import (
 )
 
 // await waits for the providerID of the Machine's instance (ProviderIDOf:
-// the infrastructure machine's, before the Machine's own). A launch that failed (the
-// infrastructure machine reports it, or no providerID arrives in time)
-// makes its offering unavailable, removes the Machine and returns an
-// insufficient capacity error, so that Karpenter relaunches elsewhere.
+// the infrastructure machine's, before the Machine's own). A launch that
+// failed (the infrastructure machine reports it, or no providerID arrives
+// within LaunchTimeout while its offering stalls, see progress) makes its
+// offering unavailable, removes the Machine and returns an insufficient
+// capacity error, so that Karpenter relaunches elsewhere. A launch past the
+// timeout that waits in the infrastructure's queue behind others goes on
+// waiting (docs/design/machine-launch.md).
 func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine) (*clusterv1.Machine, error) {
 	timer := time.NewTimer(p.LaunchWait)
 	defer timer.Stop()
+	defer p.progress.await(claim)()
 	key := client.ObjectKeyFromObject(m)
 	var wokeAt time.Time
+	queuedLogged := false
+	delivered := func(m *clusterv1.Machine) {
+		p.progress.deliver(offeringKeyOf(m), m.CreationTimestamp.Time, p.now())
+		if !wokeAt.IsZero() {
+			metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
+		}
+	}
 	for {
 		ch := p.waiters.Register(claim)
 		current := &clusterv1.Machine{}
@@ -47,9 +59,7 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 		}
 		if m.Spec.ProviderID != "" {
 			p.waiters.Forget(claim, ch)
-			if !wokeAt.IsZero() {
-				metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
-			}
+			delivered(m)
 			return m, nil
 		}
 		reason, failed, err := p.launchFailure(ctx, m)
@@ -66,9 +76,7 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 			}
 			if id != "" {
 				p.waiters.Forget(claim, ch)
-				if !wokeAt.IsZero() {
-					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
-				}
+				delivered(m)
 				return m, nil
 			}
 		}
@@ -77,8 +85,20 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 			left = m.CreationTimestamp.Add(p.LaunchTimeout).Sub(p.now())
 		}
 		if left <= 0 && !failed {
-			reason, failed = fmt.Sprintf("no providerID within %s", p.LaunchTimeout), true
-			metrics.MachineLaunchFailures.WithLabelValues("timeout").Inc()
+			// Past the timeout with nothing reported: failed only if its
+			// offering stalls, not when it waits in the infrastructure's
+			// queue behind other launches (progress).
+			if v := p.progress.judge(claim, offeringKeyOf(m), m.CreationTimestamp.Time); v.failed() {
+				reason, failed = fmt.Sprintf("no providerID within %s (%s)", p.LaunchTimeout, v), true
+				metrics.MachineLaunchFailures.WithLabelValues("timeout").Inc()
+			} else {
+				if !queuedLogged {
+					log.FromContext(ctx).Info("launch past its timeout waits: other launches wait for the infrastructure too",
+						"NodeClaim", claim, "Machine", key.String(), "timeout", p.LaunchTimeout)
+					queuedLogged = true
+				}
+				left = queuedRecheck
+			}
 		}
 		if failed {
 			p.waiters.Forget(claim, ch)
@@ -144,6 +164,20 @@ type failedLaunchError struct {
 
 func (e *failedLaunchError) Error() string { return e.err.Error() }
 func (e *failedLaunchError) Unwrap() error { return e.err }
+
+// queuedRecheck is how often a launch past its timeout that waits in a
+// queue is judged again (events wake it sooner).
+const queuedRecheck = 10 * time.Second
+
+// offeringKeyOf reads the offering a Machine was launched from; the zero key
+// when its annotations do not say.
+func offeringKeyOf(m *clusterv1.Machine) instancetype.OfferingKey {
+	o, err := ParseOffering(m.Annotations[v1alpha1.OfferingAnnotation])
+	if err != nil {
+		return instancetype.OfferingKey{}
+	}
+	return instancetype.OfferingKey{InstanceType: m.Annotations[v1alpha1.InstanceTypeAnnotation], Zone: o.Zone, CapacityType: o.CapacityType}
+}
 
 // deleteMachine deletes exactly this Machine (UID precondition).
 func (p *Provider) deleteMachine(ctx context.Context, m *clusterv1.Machine) error {

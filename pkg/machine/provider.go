@@ -34,8 +34,9 @@ import (
 const DefaultLaunchWait = 2 * time.Minute
 
 // DefaultLaunchTimeout is how long a Machine may go without a providerID
-// before its offering is taken as unable to deliver: the Machine is removed
-// and Karpenter relaunches elsewhere.
+// before its offering is taken as unable to deliver (unless it waits behind
+// other launches in the infrastructure's queue, see progress): the Machine
+// is removed and Karpenter relaunches elsewhere.
 const DefaultLaunchTimeout = 3 * time.Minute
 
 // ErrMachineGone means the Machine is truly gone (a live read said so).
@@ -56,6 +57,8 @@ type Provider struct {
 	launching sync.Map
 	// infraWatch makes infrastructure machine events wake waiters.
 	infraWatch *launch.InfraWatch
+	// progress tells a stalled offering from a queue at LaunchTimeout.
+	progress *progress
 
 	// LaunchWait bounds one Create call's wait for a providerID.
 	LaunchWait time.Duration
@@ -72,6 +75,7 @@ func NewProvider(ctx context.Context, h *hub.Hub, machines *hub.Lookup, catalogu
 	p := &Provider{
 		hub: h, machines: machines, catalogue: catalogue, unavailable: catalogue.unavailable,
 		waiters:       hub.NewWaiters(),
+		progress:      newProgress(),
 		LaunchWait:    DefaultLaunchWait,
 		LaunchTimeout: DefaultLaunchTimeout,
 		Events:        h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
