@@ -88,7 +88,7 @@ func (p *Provider) await(ctx context.Context, claim string, m *clusterv1.Machine
 			// Past the timeout with nothing reported: failed only if its
 			// offering stalls, not when it waits in the infrastructure's
 			// queue behind other launches (progress).
-			if v := p.progress.judge(claim, offeringKeyOf(m), m.CreationTimestamp.Time); v.failed() {
+			if v := p.progress.judge(claim, offeringKeyOf(m), m.CreationTimestamp.Time, p.now()); v.failed() {
 				reason, failed = fmt.Sprintf("no providerID within %s (%s)", p.LaunchTimeout, v), true
 				metrics.MachineLaunchFailures.WithLabelValues("timeout").Inc()
 			} else {
