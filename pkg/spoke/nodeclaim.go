@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 )
 
 // NodeClaimGone reports whether a NodeClaim is gone: absent from the cache
@@ -36,4 +38,10 @@ func NodeClaimGone(ctx context.Context, cached, live client.Reader, claim string
 	default:
 		return false, fmt.Errorf("reading NodeClaim %s: %w", claim, err)
 	}
+}
+
+// Ours reports whether a NodeClaim is this provider's: its NodeClass is a
+// ClusterAPINodeClass.
+func Ours(nc *karpv1.NodeClaim) bool {
+	return nc.Spec.NodeClassRef != nil && nc.Spec.NodeClassRef.Group == v1alpha1.Group
 }

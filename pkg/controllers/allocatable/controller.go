@@ -30,6 +30,7 @@ import (
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+	"github.com/autonode/karpenter-clusterapi/pkg/spoke"
 )
 
 const (
@@ -73,13 +74,9 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 		Named(c.Name()).
 		For(&karpv1.NodeClaim{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			nc, ok := o.(*karpv1.NodeClaim)
-			return ok && ours(nc)
+			return ok && spoke.Ours(nc)
 		}))).
 		Complete(c)
-}
-
-func ours(nc *karpv1.NodeClaim) bool {
-	return nc.Spec.NodeClassRef != nil && nc.Spec.NodeClassRef.Group == v1alpha1.Group
 }
 
 // Reconcile compares one NodeClaim, once.
@@ -91,7 +88,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !nc.DeletionTimestamp.IsZero() || !ours(nc) || !nc.StatusConditions().IsTrue(karpv1.ConditionTypeInitialized) || nc.Status.NodeName == "" {
+	if !nc.DeletionTimestamp.IsZero() || !spoke.Ours(nc) || !nc.StatusConditions().IsTrue(karpv1.ConditionTypeInitialized) || nc.Status.NodeName == "" {
 		return reconcile.Result{}, nil
 	}
 	if _, done := nc.Annotations[MismatchAnnotation]; done || c.wasChecked(nc) {

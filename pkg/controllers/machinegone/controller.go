@@ -44,6 +44,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+	"github.com/autonode/karpenter-clusterapi/pkg/spoke"
 )
 
 // ReasonMachineGone is the reason of the event on the NodeClaim.
@@ -85,7 +86,7 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 		Named(c.Name()).
 		For(&karpv1.NodeClaim{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			nc, ok := o.(*karpv1.NodeClaim)
-			return ok && ours(nc)
+			return ok && spoke.Ours(nc)
 		}))).
 		WatchesRawSource(source.Kind(c.hub.GetCache(), client.Object(&clusterv1.Machine{}), handler.Funcs{
 			UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
@@ -106,17 +107,13 @@ func enqueueClaim(m client.Object, q workqueue.TypedRateLimitingInterface[reconc
 	}
 }
 
-func ours(nc *karpv1.NodeClaim) bool {
-	return nc.Spec.NodeClassRef != nil && nc.Spec.NodeClassRef.Group == v1alpha1.Group
-}
-
 // Reconcile looks at one NodeClaim.
 func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	nc := &karpv1.NodeClaim{}
 	if err := c.kubeClient.Get(ctx, req.NamespacedName, nc); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !nc.DeletionTimestamp.IsZero() || !ours(nc) || nc.Status.ProviderID == "" ||
+	if !nc.DeletionTimestamp.IsZero() || !spoke.Ours(nc) || nc.Status.ProviderID == "" ||
 		nc.StatusConditions().IsTrue(karpv1.ConditionTypeRegistered) {
 		// Not launched yet (the launch handles its Machine), registered
 		// (core's garbage collection handles it), or leaving.

@@ -21,13 +21,14 @@ import (
 	controllerruntime "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/apis/v1alpha1"
 	"sigs.k8s.io/karpenter/pkg/controllers/nodeoverlay"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/signal"
 )
 
 // Controller is core's NodeOverlay controller with one more trigger.
@@ -56,20 +57,7 @@ func Replace(ctrls []controller.Controller, kubeClient client.Client, nodeClasse
 // Register watches what core's controller watches (NodeOverlays, and the
 // spec of NodePools and NodeClasses) and the catalogue's changes.
 func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
-	events := make(chan event.GenericEvent, 1)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.changes:
-				select {
-				case events <- event.GenericEvent{Object: &v1alpha1.NodeOverlay{}}:
-				default: // one queued evaluation covers every change so far
-				}
-			}
-		}
-	}()
+	events := signal.Events(ctx, c.changes, &v1alpha1.NodeOverlay{})
 	enqueue := nodeoverlay.NodeOverlayEventHandler(c.kubeClient)
 	b := controllerruntime.NewControllerManagedBy(m).
 		Named(c.Name()).

@@ -20,7 +20,6 @@ import (
 	controllerruntime "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -28,6 +27,7 @@ import (
 	"sigs.k8s.io/karpenter/pkg/operator/injection"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/signal"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 )
 
@@ -208,20 +208,7 @@ func truncate(s string) string {
 // resolve to in the hub: a change to either can change readiness.
 func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
 	c.recorder = m.GetEventRecorderFor("karpenter-clusterapi") //nolint:staticcheck // the events API recorder needs a different sink; core uses this one too
-	events := make(chan event.GenericEvent, 1)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.changes:
-				select {
-				case events <- event.GenericEvent{Object: &v1alpha1.ClusterAPINodeClass{}}:
-				default: // one queued refresh covers every change so far
-				}
-			}
-		}
-	}()
+	events := signal.Events(ctx, c.changes, &v1alpha1.ClusterAPINodeClass{})
 	return controllerruntime.NewControllerManagedBy(m).
 		Named(c.Name()).
 		For(&v1alpha1.ClusterAPINodeClass{}).
