@@ -24,7 +24,7 @@ func mdWith(replicas int32, owned string) *clusterv1.MachineDeployment {
 
 func apply(t *testing.T, md *clusterv1.MachineDeployment, ops ...*op) bool {
 	t.Helper()
-	changed, err := applyOps(md, ops)
+	changed, err := applyOps(md, ops, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestHeldReplicasChangeNoCountUntilGivenBack(t *testing.T) {
 func TestMalformedHeldReplicasNamesTheAnnotation(t *testing.T) {
 	md := mdWith(1, "1")
 	md.Annotations[HeldReplicasAnnotation] = "{not json"
-	_, err := applyOps(md, []*op{{kind: opReserve, name: "a", since: time.Now()}})
+	_, err := applyOps(md, []*op{{kind: opReserve, name: "a", since: time.Now()}}, nil)
 	if err == nil || !strings.Contains(err.Error(), HeldReplicasAnnotation) || !strings.Contains(err.Error(), "ns/md") {
 		t.Fatalf("error %v, want one naming ns/md and %s", err, HeldReplicasAnnotation)
 	}

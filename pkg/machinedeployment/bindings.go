@@ -225,8 +225,16 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			continue
 		}
 		m := candidates[idx]
+		if !p.takeovers.beginBind(claim) {
+			// Gone, and a Launch took its reservation over since the
+			// cache's read: the Machine is the successor's.
+			later(time.Second)
+			continue
+		}
 		candidates = append(candidates[:idx], candidates[idx+1:]...)
-		if err := c.bind(ctx, m, claim); err != nil {
+		err = c.bind(ctx, m, claim)
+		p.takeovers.endBind(claim)
+		if err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				later(time.Second)
 				continue

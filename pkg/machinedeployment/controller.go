@@ -72,6 +72,9 @@ type Controller struct {
 // instance-type store from the hub on first use.
 func NewController(p *Provider, spoke, spokeAPI client.Reader) *Controller {
 	c := &Controller{provider: p, spoke: spoke, spokeAPI: spokeAPI}
+	// Launch reads NodeClaims too, to take over the reservation of one
+	// that is gone (takeovers).
+	p.spoke, p.spokeAPI = spoke, spokeAPI
 	p.store.SetPrimer(c.prime)
 	return c
 }

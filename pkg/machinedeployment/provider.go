@@ -48,6 +48,11 @@ type Provider struct {
 	// own writes never binds a second Machine to a NodeClaim, or a Machine
 	// twice.
 	recent recentBindings
+	// takeovers coordinates binds with Launches taking the reservation of
+	// a NodeClaim that is gone.
+	takeovers takeovers
+	// spoke and spokeAPI read NodeClaims (cached, live): set by NewController.
+	spoke, spokeAPI client.Reader
 	// released remembers the Machines this process marked for deletion
 	// until the cache shows the mark.
 	released releasedMachines
@@ -81,6 +86,7 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		after:       time.After,
 	}
 	p.infraWatch = launch.NewInfraWatch(h, p.claimOfInfra, p.waiters.Notify)
+	p.scaler.Gone = func(ctx context.Context) *goneClaims { return &goneClaims{ctx: ctx, p: p} }
 	return p
 }
 
@@ -154,7 +160,8 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 				record(src.Origin)
 				failpoint.Crash(StepChoose)
 			}
-			if err := p.scaler.Apply(ctx, *origin, &op{kind: opReserve, name: claim, since: p.now()}); err != nil {
+			reserve := &op{kind: opReserve, name: claim, since: p.now()}
+			if err := p.scaler.Apply(ctx, *origin, reserve); err != nil {
 				if errors.Is(err, ErrAtMaxSize) {
 					// Refused at the write: Karpenter re-plans on another
 					// offering; the store shows this one unavailable as
@@ -162,6 +169,10 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 					return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, err))
 				}
 				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
+			}
+			if reserve.from != "" {
+				log.FromContext(ctx).Info("took over the reservation of a NodeClaim that is gone", "NodeClaim", claim, "MachineDeployment", *origin, "gone", reserve.from)
+				metrics.OrphansReleased.WithLabelValues("taken_over").Inc()
 			}
 			p.inflight.Store(claim, *origin)
 			failpoint.Crash(StepReserve)

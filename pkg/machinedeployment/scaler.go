@@ -56,9 +56,11 @@ type op struct {
 	// max-size); kept when a give-back left spec.replicas at min-size.
 	err  error
 	kept bool
-	// took is set by applyOps when an opReserve took a held replica
-	// instead of raising one.
+	// took is set by applyOps when an opReserve took a held replica, or
+	// the reservation of a NodeClaim that is gone (from), instead of
+	// raising one.
 	took bool
+	from string
 	// done is set by applyOps when an opHold or opGiveBackHeld changed
 	// the MachineDeployment (a retry, or one decided on a stale read,
 	// may find nothing to do).
@@ -71,7 +73,9 @@ type opKind int
 const (
 	// opReserve reserves a replica for a NodeClaim (pending += claim): a
 	// held replica when there is one (the oldest; the reservation takes its
-	// raise time, replicas and owned unchanged), else a raise by one.
+	// raise time, replicas and owned unchanged), else the reservation of a
+	// NodeClaim that is gone (the same way: see takeovers), else a raise
+	// by one.
 	opReserve opKind = iota
 	// opBound drops a NodeClaim that a Machine is now bound to (pending -= claim).
 	opBound
@@ -124,6 +128,9 @@ type Scaler struct {
 	Observe func(batchSize int)
 	// OnError, when set, is told of each failed write.
 	OnError func(error)
+	// Gone, when set, finds for one write the reservations of NodeClaims
+	// that are gone, which a new reservation takes over (see takeovers).
+	Gone func(ctx context.Context) *goneClaims
 
 	mu     sync.Mutex
 	queues map[types.NamespacedName]*queue
@@ -204,14 +211,17 @@ func (s *Scaler) write(ctx context.Context, key types.NamespacedName, batch []*o
 		return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
 	}
 	for attempt := 0; ; attempt++ {
-		changed, err := applyOps(md, batch)
-		if err != nil {
+		var gone *goneClaims
+		if s.Gone != nil {
+			gone = s.Gone(ctx)
+		}
+		changed, err := applyOps(md, batch, gone)
+		if err != nil || !changed {
+			gone.settle(batch, false)
 			return err
 		}
-		if !changed {
-			return nil
-		}
 		err = s.writer.Update(ctx, md)
+		gone.settle(batch, err == nil)
 		if err == nil {
 			if s.Observe != nil {
 				s.Observe(len(batch))
@@ -228,10 +238,12 @@ func (s *Scaler) write(ctx context.Context, key types.NamespacedName, batch []*o
 	}
 }
 
-// applyOps changes md in place and reports whether anything changed.
-func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
+// applyOps changes md in place and reports whether anything changed. gone,
+// when not nil, offers reservations of NodeClaims that are gone for a new
+// reservation to take over instead of raising.
+func applyOps(md *clusterv1.MachineDeployment, batch []*op, gone *goneClaims) (bool, error) {
 	for _, o := range batch { // a retry after a conflict decides afresh
-		o.err, o.kept, o.took, o.done = nil, false, false, false
+		o.err, o.kept, o.took, o.done, o.from = nil, false, false, false, ""
 	}
 	pending, err := hub.PendingNodeClaims(md)
 	if err != nil {
@@ -280,6 +292,16 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op) (bool, error) {
 					pending[o.name] = held[h].Raised
 					delete(held, h)
 					o.took = true
+					changed = true
+					continue
+				}
+				if c := gone.pick(pending, o.name); c != "" {
+					// The replica is up already, raised for a NodeClaim
+					// that is gone (Karpenter's launch timeout): the
+					// Machine made for it is this claim's.
+					pending[o.name] = pending[c]
+					delete(pending, c)
+					o.took, o.from = true, c
 					changed = true
 					continue
 				}
