@@ -115,9 +115,18 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 			if gone, err := c.orphaned(ctx, m, claim, now); err != nil {
 				return 0, err
 			} else if gone {
+				if wait := c.adoptWait(ctx, m, claim, now); wait > 0 {
+					later(wait) // its successor may adopt it (Provider.adopt)
+					continue
+				}
+				if !p.takeovers.beginBind(claim) {
+					continue // adopted by a successor since the cache's read
+				}
 				log.FromContext(ctx).Info("releasing Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 				c.event(c.hubEvents, m, corev1.EventTypeNormal, "OrphanReleased", fmt.Sprintf("NodeClaim %s is gone: marked for deletion and its replica given back", claim))
-				if err := p.markForDeletion(ctx, m); errors.Is(err, ErrMachineGone) || errors.Is(err, errMachineDeleting) {
+				err := p.markForDeletion(ctx, m)
+				p.takeovers.endBind(claim)
+				if errors.Is(err, ErrMachineGone) || errors.Is(err, errMachineDeleting) {
 					continue // the cache lags: nothing to give back here
 				} else if err != nil {
 					return 0, err
@@ -463,6 +472,19 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 		c.event(c.spokeEvents, nc, corev1.EventTypeNormal, "MachineBound", fmt.Sprintf("Machine %s/%s of MachineDeployment %s bound", m.Namespace, m.Name, m.Labels[clusterv1.MachineDeploymentNameLabel]))
 	}
 	return nil
+}
+
+// adoptWait is how long a Machine whose NodeClaim is gone is left for a
+// successor to adopt: adoptGrace from the NodeClaim's deletion, for a
+// Machine that is not marked and has no registered Node (one a successor
+// may adopt); else none. A deletion this process did not see (it happened
+// before a restart) gives no wait.
+func (c *Controller) adoptWait(ctx context.Context, m *clusterv1.Machine, claim string, now time.Time) time.Duration {
+	deleted, ok := c.provider.goneSeen.since(claim)
+	if !ok || !c.provider.adoptable(ctx, m) {
+		return 0
+	}
+	return adoptGrace - now.Sub(deleted)
 }
 
 // orphaned reports whether a bound Machine's NodeClaim is gone for longer

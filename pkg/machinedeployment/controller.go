@@ -147,6 +147,7 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 func (c *Controller) nodeClaimHandler() handler.TypedEventHandler[*karpv1.NodeClaim, reconcile.Request] {
 	return handler.TypedFuncs[*karpv1.NodeClaim, reconcile.Request]{
 		DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*karpv1.NodeClaim], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			c.provider.NodeClaimDeleted(e.Object.Name)
 			mds := &clusterv1.MachineDeploymentList{}
 			if err := c.provider.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: e.Object.Name}); err != nil {
 				return // the MachineDeployment's own requeue finds it gone later

@@ -51,6 +51,9 @@ type Provider struct {
 	// takeovers coordinates binds with Launches taking the reservation of
 	// a NodeClaim that is gone.
 	takeovers takeovers
+	// goneSeen remembers NodeClaims deleted lately, whose Machine a
+	// successor may adopt.
+	goneSeen goneClaimsSeen
 	// spoke and spokeAPI read NodeClaims (cached, live): set by NewController.
 	spoke, spokeAPI client.Reader
 	// released remembers the Machines this process marked for deletion
@@ -159,6 +162,11 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 				origin = &src.Origin
 				record(src.Origin)
 				failpoint.Crash(StepChoose)
+			}
+			if adopted, err := p.adopt(ctx, *origin, claim); err != nil {
+				return nil, err
+			} else if adopted {
+				return p.waitForProviderID(ctx, claim)
 			}
 			reserve := &op{kind: opReserve, name: claim, since: p.now()}
 			if err := p.scaler.Apply(ctx, *origin, reserve); err != nil {

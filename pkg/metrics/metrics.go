@@ -37,7 +37,7 @@ var (
 	OrphansReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace,
 		Name:      "orphans_released_total",
-		Help:      "Replicas (kind=replica) and Machines (kind=machine) given back because their NodeClaim was gone, spare (kind=spare) and kept (kind=kept) ones settled, and replicas held for the next NodeClaim (kind=held) because their NodeClaim went before a Machine was bound to it.",
+		Help:      "Replicas (kind=replica) and Machines (kind=machine) given back because their NodeClaim was gone, spare (kind=spare) and kept (kind=kept) ones settled, replicas held for the next NodeClaim (kind=held) because their NodeClaim went before a Machine was bound to it, reservations of such NodeClaims taken over by a successor's (kind=taken_over), and Machines of NodeClaims that went before they launched adopted by a successor (kind=adopted).",
 	}, []string{"kind"})
 
 	// OfferingPrice is the hourly price in use per offering, and whether it

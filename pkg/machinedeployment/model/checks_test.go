@@ -141,10 +141,35 @@ func (w *world) checkNoReservationToTakeOver(old *clusterv1.MachineDeployment) {
 			w.failf("MachineDeployment %s raised while NodeClaim %s, gone, left a reservation (raised %s) to take over", old.Name, claim, raised)
 		}
 	}
+	// Nor while a Machine of it, bound to a NodeClaim deleted before it
+	// launched, waits for a successor to adopt it: live, unmarked, without
+	// a Node, and so in the API server and in the provider's cache alike
+	// (a cache that lags may show it otherwise), its NodeClaim's deletion
+	// seen by this process.
+	cached := &clusterv1.MachineList{}
+	w.must(w.hub.Hub.GetCache().List(context.Background(), cached))
+	inCache := map[string]clusterv1.Machine{}
+	for _, m := range cached.Items {
+		inCache[m.Name] = m
+	}
+	adoptable := func(m *clusterv1.Machine) bool {
+		claim := bound(m)
+		_, lives := w.claims[claim]
+		return claim != "" && !lives && w.goneSeen[claim] && m.DeletionTimestamp.IsZero() && !marked(m) && !m.Status.NodeRef.IsDefined() &&
+			m.Labels[clusterv1.MachineDeploymentNameLabel] == old.Name
+	}
+	for _, m := range w.machines() {
+		if c, ok := inCache[m.Name]; ok && adoptable(&m) && adoptable(&c) && bound(&c) == bound(&m) {
+			w.failf("MachineDeployment %s raised while Machine %s of NodeClaim %s, gone before it launched, waited for a successor", old.Name, m.Name, bound(&m))
+		}
+	}
 }
 
 // checkMachinePatch: invariants 1, 2 and 5 on a binding or a mark.
 func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *clusterv1.Machine) {
+	if w.trace != nil && (bound(old) != bound(m) || marked(old) != marked(m)) {
+		w.trace(fmt.Sprintf("  patch %s: bound %q -> %q, marked %v -> %v", m.Name, bound(old), bound(m), marked(old), marked(m)))
+	}
 	if claim := bound(m); claim != "" && bound(old) == "" {
 		switch {
 		case w.userOwned[m.Name]:
@@ -167,6 +192,26 @@ func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *
 		for _, other := range w.machines() {
 			if other.Name != m.Name && bound(&other) == claim && other.DeletionTimestamp.IsZero() && !marked(&other) {
 				w.failf("NodeClaim %s bound to Machine %s while bound to %s", claim, m.Name, other.Name)
+			}
+		}
+	}
+	if was, now := bound(old), bound(m); was != "" && now != was {
+		// Adopted by a successor: only from a NodeClaim that is gone, to
+		// one that lives and has no other Machine, a Machine never marked,
+		// deleted or with a Node.
+		_, wasLives := w.claims[was]
+		_, nowLives := w.claims[now]
+		switch {
+		case wasLives:
+			w.failf("Machine %s moved from NodeClaim %s, which lives, to %s", m.Name, was, now)
+		case !nowLives:
+			w.failf("Machine %s moved from NodeClaim %s to %s, which does not exist", m.Name, was, now)
+		case old.Status.NodeRef.IsDefined() || !old.DeletionTimestamp.IsZero() || marked(old):
+			w.failf("Machine %s moved from NodeClaim %s to %s while it had a Node, was marked or deleted", m.Name, was, now)
+		}
+		for _, other := range w.machines() {
+			if other.Name != m.Name && bound(&other) == now && other.DeletionTimestamp.IsZero() && !marked(&other) {
+				w.failf("NodeClaim %s adopted Machine %s while bound to %s", now, m.Name, other.Name)
 			}
 		}
 	}

@@ -219,3 +219,68 @@ func TestASuccessorReservingBeforeTheHoldTakesTheGoneClaimsReplica(t *testing.T)
 		t.Errorf("cheap owns %d replicas and holds %v, want 1 (b's) and none", n, held(md))
 	}
 }
+
+// boundBeforeItLaunched raises for a new NodeClaim on "cheap", lets the
+// MachineSet make its Machine and the provider bind it, but the
+// infrastructure gives no instance ID; then core's launch timeout deletes
+// the NodeClaim. It returns the claim and its Machine.
+func (w *world) boundBeforeItLaunched(t *testing.T) (string, string) {
+	t.Helper()
+	w.reconcile()
+	a := w.newClaim()
+	if err := w.create(a); err == nil {
+		t.Fatalf("NodeClaim %s launched without a Machine", a)
+	}
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile()
+	w.hub.Sync()
+	m := w.machineOf(a)
+	if m == nil {
+		t.Fatalf("no Machine bound to %s", a)
+	}
+	w.now = w.now.Add(launchTimeout)
+	w.timeOut(a)
+	return a, m.Name
+}
+
+// A NodeClaim whose Machine was bound but had no instance ID within core's
+// launch timeout (make bench-1000: 36 of them): its successor adopts the
+// Machine, already booting, instead of raising a replica for a second one
+// while the first is released.
+func TestASuccessorAdoptsTheMachineOfANodeClaimThatTimedOutBeforeItLaunched(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	a, machine := w.boundBeforeItLaunched(t)
+	b := w.newClaim()
+	_ = w.create(b)
+	if got := w.replicas("cheap"); got != 1 {
+		t.Fatalf("cheap has %d replicas once %s (the successor of %s) reserved, want 1: it adopts %s", got, b, a, machine)
+	}
+	w.mustLaunch(t, 20, b)
+	w.noFailures(t)
+	if m := w.machineOf(b); m == nil || m.Name != machine {
+		t.Fatalf("NodeClaim %s is bound to %v, want %s", b, m, machine)
+	}
+	if ms := w.machines(); len(ms) != 1 {
+		t.Errorf("%d Machines, want 1", len(ms))
+	}
+	w.rounds(40, func() bool { return false })
+	md := w.md("cheap")
+	if n, _ := owned(md); n != 1 || w.replicas("cheap") != 1 || len(held(md)) != 0 {
+		t.Errorf("cheap: replicas %d, owned %d, held %v; want 1, 1, none", w.replicas("cheap"), n, held(md))
+	}
+}
+
+// With no successor, the Machine is released as before, adoptGrace later.
+func TestAMachineNoSuccessorAdoptsIsReleased(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	_, machine := w.boundBeforeItLaunched(t)
+	w.rounds(60, func() bool { return len(w.machines()) == 0 })
+	w.noFailures(t)
+	if ms := w.machines(); len(ms) != 0 {
+		t.Fatalf("Machine %s not released with no NodeClaim to adopt it: %d Machines left", machine, len(ms))
+	}
+	if got := w.replicas("cheap"); got != 0 {
+		t.Errorf("cheap has %d replicas, want 0", got)
+	}
+}

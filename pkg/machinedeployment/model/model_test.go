@@ -206,8 +206,8 @@ func runModel(t *testing.T, s int64, n int) {
 		t.Fatalf("seed %d: invariants broken:\n  %s\nlast steps:\n  %s", s, strings.Join(dedupe(w.failures), "\n  "), strings.Join(trail, "\n  "))
 	}
 	el := time.Since(start)
-	t.Logf("seed %d: %d steps in %s (%.0f steps/s); replicas held for a next NodeClaim so far in this process: %.0f",
-		s, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), heldSoFar())
+	t.Logf("seed %d: %d steps in %s (%.0f steps/s); so far in this process: replicas held for a next NodeClaim %.0f, reservations taken over %.0f, Machines adopted %.0f",
+		s, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), soFar("held"), soFar("taken_over"), soFar("adopted"))
 }
 
 func dedupe(in []string) []string {
@@ -228,11 +228,11 @@ func flagSet(name string) bool {
 	return set
 }
 
-// heldSoFar is the provider's count of replicas held for a next NodeClaim
-// (its metric), to show that a run met the case.
-func heldSoFar() float64 {
+// soFar is the provider's count of one kind of orphan handling (its
+// metric), to show that a run met the case.
+func soFar(kind string) float64 {
 	m := &dto.Metric{}
-	if err := metrics.OrphansReleased.WithLabelValues("held").Write(m); err != nil {
+	if err := metrics.OrphansReleased.WithLabelValues(kind).Write(m); err != nil {
 		return -1
 	}
 	return m.GetCounter().GetValue()

@@ -61,7 +61,7 @@ func TestAStrandedReservationNeverMarksAMachineBoundSinceTheCachesRead(t *testin
 	// The process before a restart bound the Machine the victim order puts
 	// first (same age: the greater name) to a; the cache does not show it.
 	w.bindAsEarlierProcess(ms[1], a)
-	w.restart()
+	w.restartLagging()
 	w.now = w.now.Add(machinedeployment.OrphanGrace + time.Second)
 	w.reconcile() // b is stranded: its victim is not a's Machine
 	w.noFailures(t)
@@ -109,7 +109,7 @@ func TestAFailedLaunchHandledBeforeARestartIsNotFailedAgain(t *testing.T) {
 	if got := w.reservations(a); len(got) != 1 || got[0] != "dear" {
 		t.Fatalf("NodeClaim %s reserved on %v after its launch failed on cheap, want [dear]", a, got)
 	}
-	w.restart()
+	w.restartLagging()
 	_ = w.create(a) // the new process: the cache still shows the failed Machine bound
 	if got := w.reservations(a); len(got) != 1 {
 		t.Fatalf("NodeClaim %s reserved on %v after a restart, want one MachineDeployment", a, got)
@@ -173,7 +173,7 @@ func TestAReleasedMachineDoesNotSettleTheClaimsNewReservation(t *testing.T) {
 	w.failLaunch(m.Name)
 	w.must(w.provider.Release(context.Background(), a, m))
 	w.acting.Store(false)
-	w.restart() // and forgotten, as fail does
+	w.restartLagging() // and forgotten, as fail does
 	w.hub.Sync()
 	_ = w.create(a) // raised on cheap again; the MachineSet keeps the released Machine
 	w.runMachineSets()

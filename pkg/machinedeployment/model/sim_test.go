@@ -87,6 +87,9 @@ type world struct {
 	seq       int
 	failures  []string
 	synced    time.Time // when the cache last caught up
+	// goneSeen are the NodeClaims deleted since the provider last started
+	// (the deletions its NodeClaim watch reported).
+	goneSeen map[string]bool
 	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
 	// write the provider makes.
 	trace func(string)
@@ -174,8 +177,19 @@ var fired = func() <-chan time.Time {
 }()
 
 // restart builds a provider and controller afresh, with no memory of the
-// previous ones: all they know comes from the hub and the spoke.
+// previous ones: all they know comes from the hub and the spoke. A new
+// process's cache starts with a full list, so it shows every write the
+// previous process made (it may lag behind later writes again).
 func (w *world) restart() {
+	w.hub.Sync()
+	w.synced = w.now
+	w.restartLagging()
+}
+
+// restartLagging restarts with a cache that still lags behind the previous
+// process's last writes: the narrow window of a leader handover, which the
+// scenarios of seeds_test.go need.
+func (w *world) restartLagging() {
 	w.store = instancetype.NewStore()
 	w.unavailable = launch.NewUnavailable(time.Minute, nil)
 	w.unavailable.SetClock(w.clock)
@@ -183,6 +197,7 @@ func (w *world) restart() {
 	w.provider.SetClock(w.clock)
 	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return fired })
 	w.controller = machinedeployment.NewController(w.provider, w.spoke, w.spoke)
+	w.goneSeen = map[string]bool{}
 }
 
 // reconcile runs the provider's controller on every MachineDeployment.
@@ -259,6 +274,7 @@ func (w *world) remove(name string) error {
 		defer w.acting.Store(false)
 		w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
 		delete(w.claims, name)
+		w.deleted(name)
 		return nil
 	}
 	return err
@@ -271,6 +287,13 @@ func (w *world) timeOut(name string) {
 	defer w.acting.Store(false)
 	w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
 	delete(w.claims, name)
+	w.deleted(name)
+}
+
+// deleted is the provider's NodeClaim watch reporting a deletion.
+func (w *world) deleted(name string) {
+	w.provider.NodeClaimDeleted(name)
+	w.goneSeen[name] = true
 }
 
 func (w *world) failf(format string, args ...any) {
