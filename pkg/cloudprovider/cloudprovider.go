@@ -109,6 +109,9 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if mode == nil {
 		return nil, cloudprovider.NewNodeClassNotReadyError(fmt.Errorf("ClusterAPINodeClass %s: neither spec.scalableResourceSelector nor spec.machineTemplate is set", nodeClass.Name))
 	}
+	if err := c.notDeleting(ctx, nodeClaim); err != nil {
+		return nil, err
+	}
 	choose := func(set *instancetype.Set) (instancetype.Source, error) {
 		return cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
 	}
@@ -125,6 +128,13 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		return nil, err
 	}
 	m := launched.Machine
+	if err := c.notDeleting(ctx, nodeClaim); err != nil {
+		// Deleted while its instance was on its way: the launch is not
+		// recorded, so the NodeClaim goes without a Delete, and its Machine
+		// is left to the successor Karpenter makes for the same pods
+		// (MachineDeployment mode adopts it) or to the garbage collector.
+		return nil, err
+	}
 	// Record the Machine on the NodeClaim: core persists it even when a
 	// later step fails, and Delete finds the Machine by it.
 	if nodeClaim.Annotations == nil {
@@ -139,6 +149,32 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	}
 	c.launched(nodeClaim, m, created, launched.From)
 	return created, nil
+}
+
+// errNodeClaimDeleting is Create's answer for a NodeClaim being deleted.
+var errNodeClaimDeleting = errors.New("being deleted: not launched")
+
+// notDeleting refuses a launch for a NodeClaim that is being deleted or
+// gone. Core's launch timeout deletes a NodeClaim while a reconcile that read
+// it just before (its cache lags under load) may still call Create, or while
+// a Create waits for the instance's ID: recording that launch made core
+// Delete the instance it had just got, while its successor raised another
+// (make bench-1000: 30 such NodeClaims lingered beside their successors).
+// A read error is no reason to refuse.
+func (c *CloudProvider) notDeleting(ctx context.Context, nodeClaim *karpv1.NodeClaim) error {
+	current := &karpv1.NodeClaim{}
+	err := c.kubeClient.Get(ctx, client.ObjectKeyFromObject(nodeClaim), current)
+	switch {
+	case apierrors.IsNotFound(err) && !nodeClaim.CreationTimestamp.IsZero():
+		return fmt.Errorf("NodeClaim %s: %w", nodeClaim.Name, errNodeClaimDeleting)
+	case err != nil:
+		return nil // not stored (a caller's own object), or unreadable
+	case nodeClaim.UID != "" && current.UID != nodeClaim.UID:
+		return fmt.Errorf("NodeClaim %s: %w", nodeClaim.Name, errNodeClaimDeleting)
+	case !current.DeletionTimestamp.IsZero():
+		return fmt.Errorf("NodeClaim %s: %w", nodeClaim.Name, errNodeClaimDeleting)
+	}
+	return nil
 }
 
 // throughHubOutage runs launch, and again each time the hub answers after

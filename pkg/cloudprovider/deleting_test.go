@@ -1,0 +1,48 @@
+package cloudprovider
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+)
+
+// A NodeClaim Karpenter deleted (its launch timeout) while a Create was on
+// its way is not launched: recording the launch made core Delete the
+// instance that had just come, beside the successor's (make bench-1000).
+func TestCreateRefusesANodeClaimBeingDeleted(t *testing.T) {
+	created := metav1.NewTime(time.Now().Add(-6 * time.Minute))
+	deleting := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "deleting", UID: "u1", CreationTimestamp: created,
+		DeletionTimestamp: &created, Finalizers: []string{karpv1.TerminationFinalizer}}}
+	live := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "live", UID: "u2", CreationTimestamp: created}}
+	c := &CloudProvider{kubeClient: fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(deleting.DeepCopy(), live.DeepCopy()).Build()}
+	ctx := context.Background()
+
+	// What core's reconcile holds: read before the deletion.
+	stale := deleting.DeepCopy()
+	stale.DeletionTimestamp = nil
+	if err := c.notDeleting(ctx, stale); !errors.Is(err, errNodeClaimDeleting) {
+		t.Errorf("NodeClaim being deleted: got %v, want %v", err, errNodeClaimDeleting)
+	}
+	gone := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "gone", UID: "u3", CreationTimestamp: created}}
+	if err := c.notDeleting(ctx, gone); !errors.Is(err, errNodeClaimDeleting) {
+		t.Errorf("NodeClaim gone: got %v, want %v", err, errNodeClaimDeleting)
+	}
+	replaced := live.DeepCopy()
+	replaced.UID = "u-old"
+	if err := c.notDeleting(ctx, replaced); !errors.Is(err, errNodeClaimDeleting) {
+		t.Errorf("NodeClaim gone and another made under its name: got %v, want %v", err, errNodeClaimDeleting)
+	}
+	if err := c.notDeleting(ctx, live); err != nil {
+		t.Errorf("live NodeClaim: %v", err)
+	}
+	// Never stored (a caller's own object, not core's): no reason to refuse.
+	if err := c.notDeleting(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "unstored"}}); err != nil {
+		t.Errorf("unstored NodeClaim: %v", err)
+	}
+}
