@@ -145,14 +145,7 @@ func (p *Provider) adoptable(ctx context.Context, m *clusterv1.Machine) bool {
 	if _, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]; marked || !m.DeletionTimestamp.IsZero() || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
 		return false
 	}
-	if !m.Status.NodeRef.IsDefined() {
-		return true
-	}
-	node := &corev1.Node{}
-	if err := p.spoke.Get(ctx, types.NamespacedName{Name: m.Status.NodeRef.Name}, node); err != nil {
-		return false
-	}
-	return awaitsRegistration(node, m.Spec.ProviderID)
+	return noRegisteredNode(ctx, p.spoke, m)
 }
 
 // rebind moves Machine m from the gone NodeClaim to claim: first the gone

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
@@ -32,11 +33,17 @@ func (c *Controller) bindable(ctx context.Context, m *clusterv1.Machine) bool {
 	if bound || marked || !m.DeletionTimestamp.IsZero() {
 		return false
 	}
+	return noRegisteredNode(ctx, c.spoke, m)
+}
+
+// noRegisteredNode reports whether a Machine has no Node, or one that awaits
+// registration; a Node the spoke cache cannot show counts as registered.
+func noRegisteredNode(ctx context.Context, spoke client.Reader, m *clusterv1.Machine) bool {
 	if !m.Status.NodeRef.IsDefined() {
 		return true
 	}
 	node := &corev1.Node{}
-	if err := c.spoke.Get(ctx, types.NamespacedName{Name: m.Status.NodeRef.Name}, node); err != nil {
+	if err := spoke.Get(ctx, types.NamespacedName{Name: m.Status.NodeRef.Name}, node); err != nil {
 		return false
 	}
 	return awaitsRegistration(node, m.Spec.ProviderID)
