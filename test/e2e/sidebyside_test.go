@@ -189,10 +189,10 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	start := time.Now()
 	d := deployment(tb, pool, app, int32(o.N), "1500m")
 	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
-	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) { return tl.count("pod-running") >= o.N, nil }); err != nil {
+	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) { return tl.now("pod-running") >= o.N, nil }); err != nil {
 		close(profDone)
 		tb.Fatalf("%s: %d pods: %v; running %d, nodeclaims %d, nodes %d, machines %d (log %s)", c.name, o.N, err,
-			tl.count("pod-running"), tl.now("nodeclaim"), tl.now("node"), tl.now("machine"), p.LogPath)
+			tl.now("pod-running"), tl.now("nodeclaim"), tl.now("node"), tl.now("machine"), p.LogPath)
 	}
 	r.TotalS = time.Since(start).Seconds()
 	starts := durations(tl.times("pod-created"), tl.times("pod-running"))

@@ -154,6 +154,9 @@ func (t *timeline) watchPool(ctx context.Context, hub, spoke cache.Cache, pool, 
 	}); err != nil {
 		return err
 	}
+	if err := t.watchRunning(ctx, spoke, app); err != nil {
+		return err
+	}
 	if err := t.watch(ctx, spoke, "nodeclaim", &karpv1.NodeClaim{}, func(o client.Object) (string, []string) {
 		nc := o.(*karpv1.NodeClaim)
 		if nc.Labels[karpv1.NodePoolLabelKey] != pool {
@@ -215,6 +218,33 @@ func (t *timeline) watchPool(ctx context.Context, hub, spoke cache.Cache, pool, 
 		}
 		return am.Name, nil
 	})
+}
+
+// watchRunning keeps the live set "pod-running": app's pods Running, Ready
+// and not being deleted now. "N pods Running" is this set's size, not the
+// number of pods that were ever Running: a pod whose node went away was
+// Running once and its replacement counts again.
+func (t *timeline) watchRunning(ctx context.Context, spoke cache.Cache, app string) error {
+	inf, err := spoke.GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return err
+	}
+	update := func(o any, gone bool) {
+		if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			o = d.Obj
+		}
+		p, ok := o.(*corev1.Pod)
+		if !ok || p.Labels["app"] != app {
+			return
+		}
+		t.exists("pod-running", p.Name, !gone && podRunning(p))
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { update(o, false) },
+		UpdateFunc: func(_, o any) { update(o, false) },
+		DeleteFunc: func(o any) { update(o, true) },
+	})
+	return err
 }
 
 // machineOfPool: the bench's Machines carry pool=<pool> (Machine mode, from
