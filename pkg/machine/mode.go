@@ -66,7 +66,7 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 	var machine *clusterv1.Machine
 	for attempt := 0; ; attempt++ {
 		var err error
-		machine, err = m.p.Launch(ctx, nc, nodeClaim.Name, attempt, failed, recorded, record, func(r *Resolved) (instancetype.Source, error) {
+		machine, err = m.p.Launch(ctx, nc, nodeClaim.Name, nodeClaim.Labels, attempt, failed, recorded, record, func(r *Resolved) (instancetype.Source, error) {
 			return choose(r.Set)
 		})
 		var fe *failedLaunchError

@@ -130,7 +130,7 @@ func (p *Provider) wakeHandler() toolscache.ResourceEventHandlerFuncs {
 // each attempt's objects have names of their own, so that a new attempt
 // never resumes the objects of a failed one while Cluster API removes
 // them. failed holds the names of the Machines of failed attempts.
-func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, attempt int, failed map[string]bool, recorded *Offering,
+func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, claimLabels map[string]string, attempt int, failed map[string]bool, recorded *Offering,
 	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (*clusterv1.Machine, error) {
 	p.launching.Store(claim, true)
 	defer p.launching.Delete(claim)
@@ -143,7 +143,7 @@ func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		m = nil
 	}
 	if m == nil {
-		if m, err = p.create(ctx, nc, claim, attempt, recorded, record, choose); err != nil {
+		if m, err = p.create(ctx, nc, claim, claimLabels, attempt, recorded, record, choose); err != nil {
 			return nil, err
 		}
 	}
@@ -160,7 +160,7 @@ func attemptName(clusterName, claim string, attempt int) string {
 
 // create creates the infrastructure machine, the bootstrap config and the
 // Machine, each only when missing.
-func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, attempt int, recorded *Offering,
+func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, claimLabels map[string]string, attempt int, recorded *Offering,
 	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (m *clusterv1.Machine, err error) {
 	resolved, err := p.catalogue.Resolve(ctx, nc)
 	if err != nil {
@@ -260,6 +260,12 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		if err != nil {
 			cleanup(createdInfra)
 			return nil, err
+		}
+		// The kubelet registers the Node with the NodeClaim's labels.
+		if _, err := addNodeLabels(config, gvk, RegistrationLabels(claimLabels, src.Name, offering)); err != nil {
+			cleanup(createdInfra)
+			msg := fmt.Sprintf("ClusterAPINodeClass %s: spec.machineTemplate.bootstrap.configRef: %s %s/%s: %v", nc.Name, ref.Kind, offering.Template.Namespace, ref.Name, err)
+			return nil, cloudprovider.NewCreateError(errors.New(msg), "BootstrapTemplateUnusable", msg)
 		}
 		if createdConfig, err = p.ensure(ctx, config, claim); err != nil {
 			return nil, err

@@ -40,6 +40,28 @@ func TestGinkgoFilters(t *testing.T) {
 		termination.Matches("disruption", "Termination should terminate an empty node") {
 		t.Error("the Termination CI subset is not what CISkip says")
 	}
+	// The registration specs: not in the CI subset (they wait for core's
+	// registration timeout), run by `make conformance` in Machine mode only.
+	ciNodeClaim := nodeClaim
+	ciNodeClaim.Skips = append(append([]string(nil), nodeClaim.Skips...), nodeClaim.CISkip)
+	registration := []string{
+		"NodeClaim StandaloneNodeClaim should delete a NodeClaim after the registration timeout when the node doesn't register",
+		"NodeClaim StandaloneNodeClaim should succeed to garbage collect an Instance that was launched by a NodeClaim but has no Instance mapping",
+	}
+	for _, text := range registration {
+		if ciNodeClaim.Matches("regression", text) || !nodeClaim.Matches("regression", text) {
+			t.Errorf("%q: in the CI subset %t, in the group %t; want false, true", text, ciNodeClaim.Matches("regression", text), nodeClaim.Matches("regression", text))
+		}
+		if _, na := notApplicable("regression", text, ModeMachine); na {
+			t.Errorf("%q: not applicable in Machine mode, which passes the NodeClaim's labels to the kubelet", text)
+		}
+		if _, na := notApplicable("regression", text, ModeMachineDeployment); !na {
+			t.Errorf("%q: applicable in MachineDeployment mode", text)
+		}
+	}
+	if !ciNodeClaim.Matches("regression", "NodeClaim StandaloneNodeClaim should create a standard NodeClaim") {
+		t.Error("the StandaloneNodeClaim CI subset lost its other specs")
+	}
 	for _, na := range NotApplicable {
 		if na.Reason == "" {
 			t.Errorf("%s: no reason", na.Spec)

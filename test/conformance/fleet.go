@@ -214,6 +214,25 @@ func createBootstrapSecret(ctx context.Context, w *world.World) error {
 	return w.Hub.Client.Create(ctx, s)
 }
 
+// bootstrapTemplateName is the Machine-mode fleet's KubeadmConfigTemplate.
+func bootstrapTemplateName(w *world.World) string { return w.ClusterName + "-conformance-worker" }
+
+// createBootstrapTemplate writes the KubeadmConfigTemplate Machine mode
+// bootstraps from, as CAPA's cluster templates bootstrap workers: the same
+// taints and kube-reserved as the bootstrap data Secret. The provider clones
+// it into one KubeadmConfig per Machine with the NodeClaim's labels in the
+// kubelet's node-labels, so the Node registers with them.
+func createBootstrapTemplate(ctx context.Context, w *world.World) error {
+	t := world.KubeadmConfigTemplate(w.Namespace, bootstrapTemplateName(w),
+		map[string]string{"kube-reserved": "cpu=" + KubeReserved["cpu"] + ",memory=" + KubeReserved["memory"]})
+	taints := append(*t.Spec.Template.Spec.JoinConfiguration.NodeRegistration.Taints, CAPIUninitializedTaint)
+	t.Spec.Template.Spec.JoinConfiguration.NodeRegistration.Taints = &taints
+	if err := w.Hub.Client.Create(ctx, t); err != nil {
+		return fmt.Errorf("creating KubeadmConfigTemplate %s: %w", t.Name, err)
+	}
+	return nil
+}
+
 // nodeClassManifest is the suites' --default-nodeclass for a mode.
 func nodeClassManifest(mode Mode, w *world.World) string {
 	kubelet := fmt.Sprintf("  kubelet:\n    kubeReserved:\n      cpu: %s\n      memory: %s\n", KubeReserved["cpu"], KubeReserved["memory"])
@@ -234,8 +253,11 @@ spec:
         matchLabels:
           %s: "true"
     bootstrap:
-      dataSecretName: %s
-`, kubelet, FleetLabel, bootstrapSecretName(w))
+      configRef:
+        apiGroup: bootstrap.cluster.x-k8s.io
+        kind: KubeadmConfigTemplate
+        name: %s
+`, kubelet, FleetLabel, bootstrapTemplateName(w))
 }
 
 // nodePoolManifest is the suites' --default-nodepool: Karpenter's own

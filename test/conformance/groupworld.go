@@ -69,7 +69,9 @@ func startGroupWorld(ctx context.Context, mode Mode, providerBin, dir string) (g
 	case ModeMachineDeployment:
 		err = createMachineDeploymentFleet(ctx, w, bootstrapSecretName(w))
 	case ModeMachine:
-		err = createMachineTemplateFleet(ctx, w)
+		if err = createBootstrapTemplate(ctx, w); err == nil {
+			err = createMachineTemplateFleet(ctx, w)
+		}
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}

@@ -19,17 +19,19 @@ type Inapplicable struct {
 // admission policy that rejects creating a Node labelled registration=fail,
 // a label they put on the NodeClaim (or the NodePool's template). A real
 // cloud provider hands the NodeClaim's labels to the kubelet (--node-labels
-// in the user data), so the Node is created with it and refused.
+// in the user data), so the Node is created with it and refused. Machine
+// mode does the same through each Machine's own KubeadmConfig (the fleet
+// bootstraps from a KubeadmConfigTemplate); a MachineDeployment's Machines
+// all share its bootstrap template, so MachineDeployment mode cannot.
 const registrationReason = "needs the NodeClaim's labels on the kubelet's command line: a MachineDeployment's " +
-	"Machines share its bootstrap template, and a Machine-mode NodeClass's bootstrap data Secret is shared " +
-	"too, so the Node registers without the label (Karpenter adds it after registration) and the suite's " +
-	"admission policy never blocks it"
+	"Machines share its bootstrap template, so the Node registers without the label (Karpenter adds it after " +
+	"registration) and the suite's admission policy never blocks it (Machine mode runs these specs)"
 
 // NotApplicable lists the specs that cannot pass here.
 var NotApplicable = []Inapplicable{
-	{Suite: "regression", Spec: `^NodeClaim StandaloneNodeClaim should delete a NodeClaim after the registration timeout when the node doesn't register$`, Reason: registrationReason},
-	{Suite: "regression", Spec: `^NodeClaim StandaloneNodeClaim should succeed to garbage collect an Instance that was launched by a NodeClaim but has no Instance mapping$`, Reason: registrationReason},
-	{Suite: "disruption", Spec: `^Drift Failure should not disrupt a drifted node if the replacement node never registers$`, Reason: registrationReason},
+	{Suite: "regression", Spec: `^NodeClaim StandaloneNodeClaim should delete a NodeClaim after the registration timeout when the node doesn't register$`, Modes: []Mode{ModeMachineDeployment}, Reason: registrationReason},
+	{Suite: "regression", Spec: `^NodeClaim StandaloneNodeClaim should succeed to garbage collect an Instance that was launched by a NodeClaim but has no Instance mapping$`, Modes: []Mode{ModeMachineDeployment}, Reason: registrationReason},
+	{Suite: "disruption", Spec: `^Drift Failure should not disrupt a drifted node if the replacement node never registers$`, Modes: []Mode{ModeMachineDeployment}, Reason: registrationReason},
 }
 
 // notApplicable returns the reason a spec cannot pass in a mode.
