@@ -7,6 +7,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,10 +18,14 @@ import (
 
 // scaleBy changes a MachineDeployment's replicas by delta the way a careful
 // concurrent writer does (read, change, update with the resourceVersion
-// read, again on conflict), and returns how many conflicts it met.
+// read, again on conflict), and returns how many conflicts it met. While
+// Karpenter launches a burst it writes the MachineDeployment several times a
+// second, so the writer backs off as client-go's DefaultBackoff does, but
+// longer: five tries 10 ms apart gave up on a loaded machine (CI, load 8).
 func scaleBy(ctx context.Context, md *clusterv1.MachineDeployment, delta int32) (int, error) {
 	conflicts := -1
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	backoff := wait.Backoff{Steps: 12, Duration: 20 * time.Millisecond, Factor: 1.6, Jitter: 0.2, Cap: 2 * time.Second}
+	err := retry.RetryOnConflict(backoff, func() error {
 		conflicts++
 		cur := &clusterv1.MachineDeployment{}
 		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -65,12 +66,16 @@ func TestMachineModeNodesRegisterWithTheNodeClaimsLabels(t *testing.T) {
 	machinePool(t, secret, machinePoolOptions{}) // the world's bootstrap data Secret
 	for _, pool := range []string{kubeadm, secret} {
 		memberTemplate(t, pool, pool+"-m5", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
-		np := &karpv1.NodePool{}
-		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: pool}, np); err != nil {
-			t.Fatal(err)
-		}
-		np.Spec.Template.Labels = map[string]string{"team": "blue"}
-		if err := w.Spoke.Client.Update(ctx, np); err != nil {
+		// Karpenter writes the NodePool's status meanwhile: read, change,
+		// update, again on a conflict, as a user's kubectl edit does.
+		if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+			np := &karpv1.NodePool{}
+			if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: pool}, np); err != nil {
+				return err
+			}
+			np.Spec.Template.Labels = map[string]string{"team": "blue"}
+			return w.Spoke.Client.Update(ctx, np)
+		}); err != nil {
 			t.Fatalf("labelling NodePool %s: %v", pool, err)
 		}
 		workload(t, pool, pool+"-app", 1, "1500m", "", nil)
