@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +39,8 @@ func main() {
 	eventually := flag.Duration("eventually-timeout", 5*time.Minute, "the suites' default Eventually timeout (15m upstream, sized for real clouds)")
 	groupTimeout := flag.Duration("group-timeout", 3*time.Hour, "how long one group's suite may run")
 	list := flag.Bool("list", false, "list the groups and exit")
+	parallel := flag.Int("parallel", 1, "how many groups run at once, each with a world and a runner process of its own")
+	providerBin := flag.String("provider-bin", "", "the provider binary the karpenter pod runs (built from the repository when empty)")
 	flag.Parse()
 
 	// The worlds log to files; keep controller-runtime's global logger quiet.
@@ -48,15 +51,26 @@ func main() {
 		}
 		return
 	}
-	if err := run(*modes, *groups, *ci, *out, *suites, *eventually, *groupTimeout); err != nil {
+	o := runOptions{modes: *modes, groups: *groups, ci: *ci, out: *out, suites: *suites, eventually: *eventually,
+		groupTimeout: *groupTimeout, parallel: *parallel, providerBin: *providerBin}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		os.Exit(1)
 	}
 }
 
-func run(modeList, groupExpr string, ci bool, out, suites string, eventually, groupTimeout time.Duration) error {
+// runOptions are the command's flags.
+type runOptions struct {
+	modes, groups, out, suites, providerBin string
+	ci                                      bool
+	eventually, groupTimeout                time.Duration
+	parallel                                int
+}
+
+func run(o runOptions) error {
+	groupExpr, ci, out, suites := o.groups, o.ci, o.out, o.suites
 	var modes []conformance.Mode
-	for _, s := range strings.Split(modeList, ",") {
+	for _, s := range strings.Split(o.modes, ",") {
 		m, err := conformance.ParseMode(strings.TrimSpace(s))
 		if err != nil {
 			return err
@@ -95,17 +109,38 @@ func run(modeList, groupExpr string, ci bool, out, suites string, eventually, gr
 	if err := os.MkdirAll(filepath.Join(out, "bin"), 0o755); err != nil {
 		return err
 	}
-	provider := filepath.Join(out, "bin", "karpenter-clusterapi")
-	fmt.Println("conformance: building the provider (go build .)")
-	build := exec.CommandContext(ctx, "go", "build", "-o", provider, ".")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building the provider: %w: %s", err, b)
+	provider := o.providerBin
+	if provider == "" {
+		provider = filepath.Join(out, "bin", "karpenter-clusterapi")
+		fmt.Println("conformance: building the provider (go build .)")
+		build := exec.CommandContext(ctx, "go", "build", "-o", provider, ".")
+		build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("building the provider: %w: %s", err, b)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// A group run at once with others runs in a child: this command for
+	// that group and mode alone, with the provider built here.
+	child := func(mode conformance.Mode, g conformance.Group, dir string) *exec.Cmd {
+		args := []string{"-modes", string(mode), "-groups", "^" + regexp.QuoteMeta(g.ID()) + "$", "-out", dir,
+			"-suites", suites, "-eventually-timeout", o.eventually.String(), "-group-timeout", o.groupTimeout.String(),
+			"-provider-bin", provider}
+		if ci {
+			args = append(args, "-ci")
+		}
+		cmd := exec.Command(self, args...)
+		cmd.Dir = root
+		return cmd
 	}
 	r, err := conformance.Run(ctx, conformance.Options{
 		Modes: modes, Groups: groups, SuiteDir: suites, ProviderBin: provider, OutDir: out,
-		EventuallyTimeout: eventually, GroupTimeout: groupTimeout, Progress: os.Stdout,
+		EventuallyTimeout: o.eventually, GroupTimeout: o.groupTimeout, Progress: os.Stdout,
 		Commit: gitOutput(root, "rev-parse", "--short", "HEAD") + dirty(root), KarpenterVersion: karpenterVersion(root),
+		Parallel: o.parallel, Child: child,
 	})
 	if r != nil {
 		fmt.Println()

@@ -50,6 +50,10 @@ type Group struct {
 	CIModes []Mode
 	// Modes limits the modes the group runs in (both when empty).
 	Modes []Mode
+	// Minutes is about how long the group takes on an idle 2-core machine
+	// (docs/conformance.md): when groups run at once the longest start
+	// first.
+	Minutes int
 }
 
 // RunsIn reports whether the group runs in a mode.
@@ -85,27 +89,27 @@ func (g Group) Matches(suite, text string) bool {
 // regression suite's Integration container by its children).
 var Groups = []Group{
 	// NodePool validation and hashing do not depend on the mode: CI runs them once.
-	{Suite: "regression", Name: "Validation", Focus: `^Integration Validation `, CI: true, CIModes: []Mode{ModeMachineDeployment}},
-	{Suite: "regression", Name: "CRDHash", Focus: `^Integration CRD Hash `, CI: true, CIModes: []Mode{ModeMachineDeployment}},
-	{Suite: "regression", Name: "DaemonSet", Focus: `^Integration DaemonSet `},
-	{Suite: "regression", Name: "Utilization", Focus: `^Integration Utilization `},
-	{Suite: "regression", Name: "DoNotDisrupt", Focus: `^Integration DoNotDisrupt `},
-	{Suite: "regression", Name: "StandaloneNodeClaim", Focus: `^NodeClaim StandaloneNodeClaim `, CI: true,
+	{Suite: "regression", Name: "Validation", Focus: `^Integration Validation `, Minutes: 1, CI: true, CIModes: []Mode{ModeMachineDeployment}},
+	{Suite: "regression", Name: "CRDHash", Focus: `^Integration CRD Hash `, Minutes: 1, CI: true, CIModes: []Mode{ModeMachineDeployment}},
+	{Suite: "regression", Name: "DaemonSet", Focus: `^Integration DaemonSet `, Minutes: 5},
+	{Suite: "regression", Name: "Utilization", Focus: `^Integration Utilization `, Minutes: 2},
+	{Suite: "regression", Name: "DoNotDisrupt", Focus: `^Integration DoNotDisrupt `, Minutes: 4},
+	{Suite: "regression", Name: "StandaloneNodeClaim", Focus: `^NodeClaim StandaloneNodeClaim `, Minutes: 18, CI: true,
 		// Nodes that never register wait for core's 15-minute registration timeout or its garbage collection.
 		CISkip: `registration timeout|no Instance mapping`},
-	{Suite: "regression", Name: "StaticCapacity", Focus: `^StaticCapacity `},
-	{Suite: "regression", Name: "CapacityBuffer", Focus: `^CapacityBuffer `},
-	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `},
-	{Suite: "regression", Name: "Performance", Focus: `^Performance `},
-	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `},
-	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, CI: true, CIModes: []Mode{ModeMachine},
+	{Suite: "regression", Name: "StaticCapacity", Focus: `^StaticCapacity `, Minutes: 18},
+	{Suite: "regression", Name: "CapacityBuffer", Focus: `^CapacityBuffer `, Minutes: 30},
+	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `, Minutes: 11},
+	{Suite: "regression", Name: "Performance", Focus: `^Performance `, Minutes: 20},
+	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `, Minutes: 3},
+	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, Minutes: 10, CI: true, CIModes: []Mode{ModeMachine},
 		// Budgets, grace periods and drain order wait minutes each (9.5 min for the group).
 		CISkip: `Emptiness|TerminationGracePeriod|in order`},
-	{Suite: "disruption", Name: "Expiration", Focus: `^Expiration `},
-	{Suite: "disruption", Name: "Drift", Focus: `^Drift `},
-	{Suite: "disruption", Name: "Repair", Focus: `^Repair `},
-	{Suite: "disruption", Name: "Reboot", Focus: `^Reboot `},
-	{Suite: "disruption", Name: "TerminateFirst", Focus: `^TerminateFirst `},
+	{Suite: "disruption", Name: "Expiration", Focus: `^Expiration `, Minutes: 8},
+	{Suite: "disruption", Name: "Drift", Focus: `^Drift `, Minutes: 27},
+	{Suite: "disruption", Name: "Repair", Focus: `^Repair `, Minutes: 13},
+	{Suite: "disruption", Name: "Reboot", Focus: `^Reboot `, Minutes: 1},
+	{Suite: "disruption", Name: "TerminateFirst", Focus: `^TerminateFirst `, Minutes: 3},
 }
 
 // SelectGroups returns the groups whose ID or name matches the regular

@@ -37,6 +37,10 @@ type Options struct {
 	Progress io.Writer
 	// Commit and KarpenterVersion are recorded in the report.
 	Commit, KarpenterVersion string
+	// Parallel is how many groups run at once (1 when zero), each in a
+	// child process made by Child.
+	Parallel int
+	Child    ChildFunc
 }
 
 // Run runs the groups in every mode, one fresh world per group, and returns
@@ -59,6 +63,53 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	say := func(format string, args ...any) {
 		fmt.Fprintf(o.Progress, "[%s] %s\n", fmtDuration(time.Since(r.Started)), fmt.Sprintf(format, args...))
 	}
+	jobs, err := plan(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if o.Parallel > 1 {
+		if o.Child == nil {
+			return nil, fmt.Errorf("running %d groups at once needs Options.Child", o.Parallel)
+		}
+		return runParallel(ctx, o, r, jobs, say)
+	}
+	for _, j := range jobs {
+		r.Specs = append(r.Specs, j.inapplicable...)
+		if len(j.want) == 0 {
+			continue
+		}
+		if ctx.Err() != nil {
+			return r, ctx.Err()
+		}
+		prefix := fmt.Sprintf("%s mode (%d/%d), group %s (%d/%d)", j.mode, j.modeIndex+1, len(o.Modes), j.group.ID(), j.groupIndex+1, len(o.Groups))
+		gr, results := runGroup(ctx, o, j.mode, j.group, j.want, func(format string, args ...any) { say(prefix+": "+format, args...) })
+		r.Groups = append(r.Groups, gr)
+		r.Specs = append(r.Specs, results...)
+		s := summarize(results)
+		say("%s: %d passed, %d failed, %d skipped in %s", prefix, s.Passed, s.Failed, s.Skipped, fmtDuration(time.Duration(gr.Seconds*float64(time.Second))))
+		r.Summary = summarize(r.Specs)
+		r.Seconds = time.Since(r.Started).Seconds()
+		if err := r.WriteJSON(filepath.Join(o.OutDir, "report.json")); err != nil {
+			return r, err
+		}
+	}
+	return finish(r, o.OutDir)
+}
+
+// job is one group in one mode: the specs to run and those reported skipped
+// as not applicable (the group's Skips include them).
+type job struct {
+	mode                  Mode
+	modeIndex, groupIndex int
+	group                 Group
+	want                  []string
+	inapplicable          []SpecResult
+}
+
+// plan lists every spec of both suites, checks that each belongs to exactly
+// one group, and returns a job for each selected group in each of its modes,
+// mode by mode in the groups' order.
+func plan(ctx context.Context, o Options) ([]job, error) {
 	specs := map[string][]string{}
 	for _, suite := range Suites {
 		list, err := listSpecs(ctx, filepath.Join(o.SuiteDir, suite+".test"), o.OutDir)
@@ -70,51 +121,41 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return nil, err
 		}
 	}
+	var jobs []job
 	for mi, mode := range o.Modes {
 		for gi, g := range o.Groups {
 			if !g.RunsIn(mode) {
 				continue
 			}
-			var want, skipped []string
-			var results []SpecResult
+			j := job{mode: mode, modeIndex: mi, groupIndex: gi}
+			var skipped []string
 			for _, text := range specs[g.Suite] {
 				if !g.Matches(g.Suite, text) {
 					continue
 				}
 				if reason, ok := notApplicable(g.Suite, text, mode); ok {
 					skipped = append(skipped, "^"+regexp.QuoteMeta(text)+"$")
-					results = append(results, SpecResult{Mode: mode, Suite: g.Suite, Group: g.Name, Spec: text, State: StateSkipped, Message: "not applicable: " + reason})
+					j.inapplicable = append(j.inapplicable, SpecResult{Mode: mode, Suite: g.Suite, Group: g.Name, Spec: text, State: StateSkipped, Message: "not applicable: " + reason})
 					continue
 				}
-				want = append(want, text)
-			}
-			r.Specs = append(r.Specs, results...)
-			if len(want) == 0 {
-				continue
+				j.want = append(j.want, text)
 			}
 			g.Skips = append(append([]string(nil), g.Skips...), skipped...)
-			if ctx.Err() != nil {
-				return r, ctx.Err()
-			}
-			prefix := fmt.Sprintf("%s mode (%d/%d), group %s (%d/%d)", mode, mi+1, len(o.Modes), g.ID(), gi+1, len(o.Groups))
-			gr, results := runGroup(ctx, o, mode, g, want, func(format string, args ...any) { say(prefix+": "+format, args...) })
-			r.Groups = append(r.Groups, gr)
-			r.Specs = append(r.Specs, results...)
-			s := summarize(results)
-			say("%s: %d passed, %d failed, %d skipped in %s", prefix, s.Passed, s.Failed, s.Skipped, fmtDuration(time.Duration(gr.Seconds*float64(time.Second))))
-			r.Summary = summarize(r.Specs)
-			r.Seconds = time.Since(r.Started).Seconds()
-			if err := r.WriteJSON(filepath.Join(o.OutDir, "report.json")); err != nil {
-				return r, err
-			}
+			j.group = g
+			jobs = append(jobs, j)
 		}
 	}
+	return jobs, nil
+}
+
+// finish writes the final report.json and report.txt.
+func finish(r *Report, outDir string) (*Report, error) {
 	r.Summary = summarize(r.Specs)
 	r.Seconds = time.Since(r.Started).Seconds()
-	if err := r.WriteJSON(filepath.Join(o.OutDir, "report.json")); err != nil {
+	if err := r.WriteJSON(filepath.Join(outDir, "report.json")); err != nil {
 		return r, err
 	}
-	f, err := os.Create(filepath.Join(o.OutDir, "report.txt"))
+	f, err := os.Create(filepath.Join(outDir, "report.txt"))
 	if err != nil {
 		return r, err
 	}

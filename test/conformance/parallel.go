@@ -1,0 +1,203 @@
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ChildFunc returns the command that runs one group in one mode as a
+// conformance run of its own (cmd/conformance with -modes, -groups and -out
+// naming just that), writing its report.json to outDir.
+type ChildFunc func(mode Mode, g Group, outDir string) *exec.Cmd
+
+// runParallel runs the jobs as child processes, at most o.Parallel at once.
+// A world runs Cluster API's reconcilers in its process, whose controller
+// names and metrics are process-wide, so each concurrent world needs a
+// process of its own. The longest groups (Group.Minutes) start first, so the
+// run ends soon after its longest group; the report keeps the jobs' order
+// whatever order they end in.
+func runParallel(ctx context.Context, o Options, r *Report, jobs []job, say func(string, ...any)) (*Report, error) {
+	order := make([]int, 0, len(jobs))
+	for i, j := range jobs {
+		if len(j.want) > 0 {
+			order = append(order, i)
+		}
+	}
+	sort.SliceStable(order, func(a, b int) bool { return jobs[order[a]].group.Minutes > jobs[order[b]].group.Minutes })
+
+	type outcome struct {
+		groups []GroupResult
+		specs  []SpecResult
+	}
+	outcomes := make([]*outcome, len(jobs))
+	var mu sync.Mutex
+	// merge rebuilds the report from the jobs ended so far, in job order.
+	merge := func() {
+		r.Groups, r.Specs = nil, nil
+		for i, j := range jobs {
+			switch {
+			case len(j.want) == 0:
+				r.Specs = append(r.Specs, j.inapplicable...)
+			case outcomes[i] != nil:
+				r.Groups = append(r.Groups, outcomes[i].groups...)
+				r.Specs = append(r.Specs, outcomes[i].specs...)
+			}
+		}
+		r.Summary = summarize(r.Specs)
+		r.Seconds = time.Since(r.Started).Seconds()
+	}
+
+	slots := make(chan struct{}, o.Parallel)
+	var wg sync.WaitGroup
+	started := 0
+launch:
+	for _, i := range order {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			break launch
+		}
+		started++
+		j := jobs[i]
+		prefix := fmt.Sprintf("[job %d/%d] %s mode, group %s", started, len(order), j.mode, j.group.ID())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			groups, specs := runChild(ctx, o, j, func(format string, args ...any) { say(prefix+": "+format, args...) })
+			s := summarize(specs)
+			var secs float64
+			for _, g := range groups {
+				secs += g.Seconds
+			}
+			say("%s: %d passed, %d failed, %d skipped in %s", prefix, s.Passed, s.Failed, s.Skipped, fmtDuration(time.Duration(secs*float64(time.Second))))
+			mu.Lock()
+			defer mu.Unlock()
+			outcomes[i] = &outcome{groups: groups, specs: specs}
+			merge()
+			if err := r.WriteJSON(filepath.Join(o.OutDir, "report.json")); err != nil {
+				say("writing the report: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	merge()
+	if ctx.Err() != nil {
+		_, _ = finish(r, o.OutDir)
+		return r, ctx.Err()
+	}
+	return finish(r, o.OutDir)
+}
+
+// childProgress matches a child's progress line: its elapsed time in
+// brackets, then the message.
+var childProgress = regexp.MustCompile(`^\[[0-9hms.]+\] (.*)$`)
+
+// runChild runs one job as a child conformance process and returns its
+// groups and specs from the report it wrote; when it wrote none, every spec
+// it was to run fails with the reason.
+func runChild(ctx context.Context, o Options, j job, say func(string, ...any)) ([]GroupResult, []SpecResult) {
+	dir := filepath.Join(o.OutDir, "parallel", fmt.Sprintf("%s-%s-%s", j.mode, j.group.Suite, j.group.Name))
+	t0 := time.Now()
+	failAll := func(err error) ([]GroupResult, []SpecResult) {
+		gr := GroupResult{Mode: j.mode, Suite: j.group.Suite, Group: j.group.Name, Seconds: time.Since(t0).Seconds(), Error: err.Error(), Logs: dir}
+		specs := append([]SpecResult(nil), j.inapplicable...)
+		for _, text := range j.want {
+			specs = append(specs, SpecResult{Mode: j.mode, Suite: j.group.Suite, Group: j.group.Name, Spec: text, State: StateFailed, Message: "not run: " + err.Error()})
+		}
+		return []GroupResult{gr}, specs
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return failAll(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return failAll(err)
+	}
+	logFile, err := os.Create(filepath.Join(dir, "runner.log"))
+	if err != nil {
+		return failAll(err)
+	}
+	defer logFile.Close()
+	cmd := o.Child(j.mode, j.group, dir)
+	// Its own process group, so that a signal from the terminal reaches the
+	// parent only, which stops the children in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return failAll(err)
+	}
+	cmd.Stderr = logFile
+	if err := cmd.Start(); err != nil {
+		return failAll(fmt.Errorf("starting the group's runner: %w", err))
+	}
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logFile, line)
+			if m := childProgress.FindStringSubmatch(line); m != nil {
+				say("%s", trimChildPrefix(m[1]))
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() { <-scanned; exited <- cmd.Wait() }()
+	var runErr error
+	select {
+	case runErr = <-exited:
+	case <-ctx.Done():
+		// The child stops its suite, provider and world on SIGTERM; a child
+		// that does not within two minutes is killed with its group.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case runErr = <-exited:
+		case <-time.After(2 * time.Minute):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			runErr = <-exited
+		}
+	}
+	child, err := readReport(filepath.Join(dir, "report.json"))
+	if err != nil || child.Seconds == 0 {
+		if runErr == nil {
+			runErr = fmt.Errorf("no report: %v", err)
+		}
+		return failAll(fmt.Errorf("the group's runner ended without a report (%v); see %s", runErr, filepath.Join(dir, "runner.log")))
+	}
+	return child.Groups, child.Specs
+}
+
+// trimChildPrefix drops what the child's progress line says of the mode and
+// group ("machine mode (1/1), group regression/Drift (1/1): "): the parent's
+// prefix says it.
+func trimChildPrefix(s string) string {
+	if _, rest, ok := strings.Cut(s, "): "); ok && strings.Contains(s[:len(s)-len(rest)], " mode (") {
+		return rest
+	}
+	return s
+}
+
+func readReport(path string) (*Report, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{}
+	if err := json.Unmarshal(data, r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}

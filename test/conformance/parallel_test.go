@@ -1,0 +1,172 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeChildEnv makes this test binary act as a group's runner: it writes
+// when it started and ended, prints a progress line and writes a report of
+// one passed spec, or exits 3 without a report when the group is "Broken".
+const fakeChildEnv = "CONFORMANCE_FAKE_CHILD"
+
+func init() {
+	spec := os.Getenv(fakeChildEnv)
+	if spec == "" {
+		return
+	}
+	fields := strings.Split(spec, "|") // mode|suite|group|out|events
+	mode, suite, group, out, events := Mode(fields[0]), fields[1], fields[2], fields[3], fields[4]
+	record := func(what string) {
+		f, err := os.OpenFile(events, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err == nil {
+			fmt.Fprintf(f, "%d %s %s\n", time.Now().UnixNano(), what, group)
+			f.Close()
+		}
+	}
+	record("start")
+	fmt.Printf("[1s] %s mode (1/1), group %s/%s (1/1): 1/1 specs done\n", mode, suite, group)
+	// The two longest (started first) wait for each other: a scheduler
+	// that ran one at a time would have the first give up after 30 s, and
+	// then it ran alone.
+	if group == "Long" || group == "Middle" {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			data, _ := os.ReadFile(events)
+			if strings.Contains(string(data), "start Long") && strings.Contains(string(data), "start Middle") {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	record("end")
+	if group == "Broken" {
+		os.Exit(3)
+	}
+	r := &Report{Started: time.Now(), Seconds: 0.3, Modes: []Mode{mode},
+		Groups: []GroupResult{{Mode: mode, Suite: suite, Group: group, Seconds: 0.3}},
+		Specs:  []SpecResult{{Mode: mode, Suite: suite, Group: group, Spec: group + " works", State: StatePassed}}}
+	if err := r.WriteJSON(filepath.Join(out, "report.json")); err != nil {
+		os.Exit(4)
+	}
+	os.Exit(0)
+}
+
+// Groups run at once in child processes: never more than Parallel at a
+// time, the longest first, the report in the groups' order whatever order
+// they end in, a child that writes no report fails its specs with a reason,
+// and a group with only inapplicable specs starts no child.
+func TestRunParallelMergesChildrenInOrder(t *testing.T) {
+	out := t.TempDir()
+	events := filepath.Join(out, "events")
+	g := func(name string, minutes int) Group { return Group{Suite: "regression", Name: name, Minutes: minutes} }
+	jobs := []job{
+		{mode: ModeMachine, group: g("Short", 1), want: []string{"Short works"}},
+		{mode: ModeMachine, group: g("Long", 30), want: []string{"Long works"}},
+		{mode: ModeMachine, group: g("Inapplicable", 50), inapplicable: []SpecResult{{Mode: ModeMachine, Suite: "regression", Group: "Inapplicable", Spec: "cannot", State: StateSkipped}}},
+		{mode: ModeMachineDeployment, group: g("Broken", 10), want: []string{"Broken a", "Broken b"}},
+		{mode: ModeMachineDeployment, group: g("Middle", 20), want: []string{"Middle works"}},
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{OutDir: out, Parallel: 2, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
+		return cmd
+	}}
+	var progress bytes.Buffer
+	var mu sync.Mutex
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(&progress, format+"\n", args...)
+	}
+	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, say)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var got []string
+	for _, s := range r.Specs {
+		got = append(got, fmt.Sprintf("%s/%s %s %s", s.Mode, s.Group, s.Spec, s.State))
+	}
+	want := []string{
+		"machine/Short Short works passed",
+		"machine/Long Long works passed",
+		"machine/Inapplicable cannot skipped",
+		"machinedeployment/Broken Broken a failed",
+		"machinedeployment/Broken Broken b failed",
+		"machinedeployment/Middle Middle works passed",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("specs:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, s := range r.Specs {
+		if s.Group == "Broken" && !strings.Contains(s.Message, "without a report") {
+			t.Errorf("a spec of the group whose runner wrote no report says %q", s.Message)
+		}
+	}
+	if r.Summary != (Summary{Passed: 3, Failed: 2, Skipped: 1}) {
+		t.Errorf("summary %+v", r.Summary)
+	}
+	if _, err := os.Stat(filepath.Join(out, "report.json")); err != nil {
+		t.Errorf("no merged report.json: %v", err)
+	}
+	if !strings.Contains(progress.String(), "1/1 specs done") {
+		t.Errorf("the children's progress did not reach the terminal:\n%s", progress.String())
+	}
+
+	// From the children's own records: who started in which order, and how
+	// many ran at once.
+	data, err := os.ReadFile(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type event struct {
+		at          int64
+		what, group string
+	}
+	var evs []event
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Fields(line)
+		at, _ := strconv.ParseInt(f[0], 10, 64)
+		evs = append(evs, event{at, f[1], f[2]})
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	var starts []string
+	running, most := 0, 0
+	for _, e := range evs {
+		if e.what == "start" {
+			starts = append(starts, e.group)
+			running++
+			most = max(most, running)
+		} else {
+			running--
+		}
+	}
+	if len(starts) != 4 {
+		t.Errorf("children started for %v, want Long, Middle, Broken and Short, none for Inapplicable", starts)
+	}
+	// The launch order, as the progress lines number it.
+	for i, id := range []string{"machine mode, group regression/Long", "machinedeployment mode, group regression/Middle",
+		"machinedeployment mode, group regression/Broken", "machine mode, group regression/Short"} {
+		if line := fmt.Sprintf("[job %d/4] %s: 1/1 specs done", i+1, id); !strings.Contains(progress.String(), line) {
+			t.Errorf("no progress line %q: the longest should start first\n%s", line, progress.String())
+		}
+	}
+	if most != 2 {
+		t.Errorf("%d children ran at once, want 2 (Parallel)", most)
+	}
+}
