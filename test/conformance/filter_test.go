@@ -3,6 +3,12 @@ package conformance
 import (
 	"regexp"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 )
 
 // TestGinkgoFilters: what the runner hands ginkgo selects the same specs as
@@ -76,4 +82,34 @@ func groupByID(id string) (Group, bool) {
 		}
 	}
 	return Group{}, false
+}
+
+// The CapacityBuffer group's default NodePool asks for 2-CPU instance types,
+// as its specs ask for KWOK's; the others get the NodePool as it is.
+func TestDefaultNodePoolNarrowedForItsGroup(t *testing.T) {
+	var cb, drift Group
+	for _, g := range Groups {
+		switch g.Name {
+		case "CapacityBuffer":
+			cb = g
+		case "Drift":
+			drift = g
+		}
+	}
+	np := &karpv1.NodePool{}
+	if err := yaml.Unmarshal([]byte(defaultNodePool(cb)), np); err != nil {
+		t.Fatalf("the CapacityBuffer group's NodePool does not parse: %v\n%s", err, defaultNodePool(cb))
+	}
+	var found bool
+	for _, r := range np.Spec.Template.Spec.Requirements {
+		if r.Key == v1alpha1.LabelInstanceCPU {
+			found = r.Operator == corev1.NodeSelectorOpIn && len(r.Values) == 1 && r.Values[0] == "2"
+		}
+	}
+	if !found || len(np.Spec.Template.Spec.Requirements) != 3 {
+		t.Errorf("requirements %+v, want the default's two and %s In [2]", np.Spec.Template.Spec.Requirements, v1alpha1.LabelInstanceCPU)
+	}
+	if defaultNodePool(drift) != nodePoolManifest {
+		t.Error("a group without NodeCPUs got another NodePool than the default")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -295,3 +296,17 @@ spec:
         kind: ClusterAPINodeClass
         name: default
 `
+
+// defaultNodePool is nodePoolManifest for a group: narrowed to its NodeCPUs.
+func defaultNodePool(g Group) string {
+	if len(g.NodeCPUs) == 0 {
+		return nodePoolManifest
+	}
+	values := make([]string, len(g.NodeCPUs))
+	for i, n := range g.NodeCPUs {
+		values[i] = strconv.Quote(strconv.Itoa(n))
+	}
+	narrowed := fmt.Sprintf("        - key: %s\n          operator: In\n          values: [%s]\n", v1alpha1.LabelInstanceCPU, strings.Join(values, ", "))
+	const anchor = "      nodeClassRef:\n"
+	return strings.Replace(nodePoolManifest, anchor, narrowed+anchor, 1)
+}

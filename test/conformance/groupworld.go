@@ -47,12 +47,12 @@ type groupWorld struct {
 
 // startGroupWorld starts a world for a mode. On error everything started is
 // stopped again.
-func startGroupWorld(ctx context.Context, mode Mode, providerBin, dir string) (gw *groupWorld, err error) {
+func startGroupWorld(ctx context.Context, mode Mode, g Group, providerBin, dir string) (gw *groupWorld, err error) {
 	schedulerConfig, err := karpenterSchedulerConfig()
 	if err != nil {
 		return nil, err
 	}
-	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig, Zones: Zones})
+	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig, Zones: Zones, ProvisionDelay: g.BootDelay})
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func startGroupWorld(ctx context.Context, mode Mode, providerBin, dir string) (g
 	if err := os.WriteFile(gw.nodeClassFile, []byte(nodeClassManifest(mode, w)), 0o644); err != nil {
 		return gw, err
 	}
-	return gw, os.WriteFile(gw.nodePoolFile, []byte(nodePoolManifest), 0o644)
+	return gw, os.WriteFile(gw.nodePoolFile, []byte(defaultNodePool(g)), 0o644)
 }
 
 // stop stops the provider (the system node's pods), then the world; the

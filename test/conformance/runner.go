@@ -192,7 +192,7 @@ func runGroup(ctx context.Context, o Options, mode Mode, g Group, want []string,
 	var err error
 	for attempt := 1; attempt <= 3 && ctx.Err() == nil; attempt++ {
 		startCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-		gw, err = startGroupWorld(startCtx, mode, o.ProviderBin, dir)
+		gw, err = startGroupWorld(startCtx, mode, g, o.ProviderBin, dir)
 		cancel()
 		if err == nil {
 			break
