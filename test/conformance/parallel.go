@@ -71,11 +71,17 @@ launch:
 		started++
 		j := jobs[i]
 		prefix := fmt.Sprintf("[job %d/%d] %s mode, group %s", started, len(order), j.mode, j.group.ID())
+		// Worlds start one at a time: an API server starting beside five
+		// others on 2 cores missed envtest's start timeout.
+		up := make(chan struct{})
+		var once sync.Once
+		worldUp := func() { once.Do(func() { close(up) }) }
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			groups, specs := runChild(ctx, o, j, func(format string, args ...any) { say(prefix+": "+format, args...) })
+			defer worldUp()
+			groups, specs := runChild(ctx, o, j, worldUp, func(format string, args ...any) { say(prefix+": "+format, args...) })
 			s := summarize(specs)
 			var secs float64
 			for _, g := range groups {
@@ -90,6 +96,10 @@ launch:
 				say("writing the report: %v", err)
 			}
 		}()
+		select {
+		case <-up:
+		case <-ctx.Done():
+		}
 	}
 	wg.Wait()
 	merge()
@@ -106,8 +116,9 @@ var childProgress = regexp.MustCompile(`^\[[0-9hms.]+\] (.*)$`)
 
 // runChild runs one job as a child conformance process and returns its
 // groups and specs from the report it wrote; when it wrote none, every spec
-// it was to run fails with the reason.
-func runChild(ctx context.Context, o Options, j job, say func(string, ...any)) ([]GroupResult, []SpecResult) {
+// it was to run fails with the reason. worldUp is called when the child's
+// world is up (or it gave up starting one).
+func runChild(ctx context.Context, o Options, j job, worldUp func(), say func(string, ...any)) ([]GroupResult, []SpecResult) {
 	dir := filepath.Join(o.OutDir, "parallel", fmt.Sprintf("%s-%s-%s", j.mode, j.group.Suite, j.group.Name))
 	t0 := time.Now()
 	failAll := func(err error) ([]GroupResult, []SpecResult) {
@@ -150,7 +161,11 @@ func runChild(ctx context.Context, o Options, j job, say func(string, ...any)) (
 			line := sc.Text()
 			fmt.Fprintln(logFile, line)
 			if m := childProgress.FindStringSubmatch(line); m != nil {
-				say("%s", trimChildPrefix(m[1]))
+				msg := trimChildPrefix(m[1])
+				if strings.HasPrefix(msg, "world up in ") || strings.Contains(msg, "passed,") {
+					worldUp()
+				}
+				say("%s", msg)
 			}
 		}
 	}()

@@ -35,6 +35,7 @@ func init() {
 		}
 	}
 	record("start")
+	fmt.Printf("[1s] %s mode (1/1), group %s/%s (1/1): world up in 1s (/tmp/fake); running 1 specs\n", mode, suite, group)
 	fmt.Printf("[1s] %s mode (1/1), group %s/%s (1/1): 1/1 specs done\n", mode, suite, group)
 	// The two longest (started first) wait for each other: a scheduler
 	// that ran one at a time would have the first give up after 30 s, and
