@@ -185,6 +185,10 @@ func runChild(ctx context.Context, o Options, j job, worldUp func(), say func(st
 			runErr = <-exited
 		}
 	}
+	// What the child started and left behind (envtest leaves the API
+	// server of a start attempt that timed out running) is in its process
+	// group: stop it.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	child, err := readReport(filepath.Join(dir, "report.json"))
 	if err != nil || child.Seconds == 0 {
 		if runErr == nil {

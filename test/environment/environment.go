@@ -62,6 +62,8 @@ func Start(name string, crds []*apiextensionsv1.CustomResourceDefinition, config
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		// envtest leaves what it started running when the start times out.
+		_ = env.Stop()
 		return nil, fmt.Errorf("starting %s API server: %w", name, err)
 	}
 	cfg.QPS, cfg.Burst = 500, 1000
