@@ -20,12 +20,15 @@ import (
 	"sigs.k8s.io/karpenter/pkg/cloudprovider/overlay"
 	corecontrollers "sigs.k8s.io/karpenter/pkg/controllers"
 	"sigs.k8s.io/karpenter/pkg/controllers/node/health"
+	"sigs.k8s.io/karpenter/pkg/controllers/provisioning"
 	"sigs.k8s.io/karpenter/pkg/controllers/state"
 	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
+	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
 
 	_ "github.com/autonode/karpenter-clusterapi/pkg/apis" // registers the types in core's scheme
 	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/bufferpass"
 	overlaycontroller "github.com/autonode/karpenter-clusterapi/pkg/controllers/overlay"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
@@ -166,6 +169,16 @@ func (o *Operator) Run(ctx context.Context) {
 	// Instance types come and go with the hub's MachineDeployments and
 	// templates: NodeOverlays are re-evaluated on each change.
 	coreControllers = overlaycontroller.Replace(coreControllers, o.GetClient(), undecorated.GetSupportedNodeClasses(), store.Subscribe())
+	if coreopts := coreoptions.FromContext(ctx); coreopts != nil && coreopts.FeatureGates.CapacityBuffer {
+		// Buffer capacity on a node that is up within seconds of its
+		// launch is counted at once (pkg/controllers/bufferpass).
+		for _, c := range coreControllers {
+			if p, ok := c.(*provisioning.Provisioner); ok {
+				coreControllers = append(coreControllers, bufferpass.NewController(p.TriggerReconcile))
+				break
+			}
+		}
+	}
 	o.WithControllers(ctx, coreControllers...).
 		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines)...).
 		Start(ctx)
