@@ -110,6 +110,9 @@ launch:
 	return finish(r, o.OutDir)
 }
 
+// groupDone matches the line a runner prints when a group ends.
+var groupDone = regexp.MustCompile(`^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped in `)
+
 // childProgress matches a child's progress line: its elapsed time in
 // brackets, then the message.
 var childProgress = regexp.MustCompile(`^\[[0-9hms.]+\] (.*)$`)
@@ -162,8 +165,12 @@ func runChild(ctx context.Context, o Options, j job, worldUp func(), say func(st
 			fmt.Fprintln(logFile, line)
 			if m := childProgress.FindStringSubmatch(line); m != nil {
 				msg := trimChildPrefix(m[1])
-				if strings.HasPrefix(msg, "world up in ") || strings.Contains(msg, "passed,") {
+				if strings.HasPrefix(msg, "world up in ") {
 					worldUp()
+				}
+				if groupDone.MatchString(msg) {
+					worldUp() // it gave up starting a world, or is done
+					continue  // the parent says it, from the report
 				}
 				say("%s", msg)
 			}

@@ -60,6 +60,7 @@ func init() {
 	if err := r.WriteJSON(filepath.Join(out, "report.json")); err != nil {
 		os.Exit(4)
 	}
+	fmt.Printf("[2s] %s mode (1/1), group %s/%s (1/1): 1 passed, 0 failed, 0 skipped in 1s\n", mode, suite, group)
 	os.Exit(0)
 }
 
@@ -124,6 +125,9 @@ func TestRunParallelMergesChildrenInOrder(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(out, "report.json")); err != nil {
 		t.Errorf("no merged report.json: %v", err)
+	}
+	if n := strings.Count(progress.String(), "group regression/Short: 1 passed, 0 failed, 0 skipped"); n != 1 {
+		t.Errorf("the end of group Short was said %d times, want once:\n%s", n, progress.String())
 	}
 	if !strings.Contains(progress.String(), "1/1 specs done") {
 		t.Errorf("the children's progress did not reach the terminal:\n%s", progress.String())
