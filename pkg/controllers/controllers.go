@@ -19,13 +19,13 @@ import (
 // NewControllers returns the provider's controllers. kubeClient and
 // kubeAPIReader are the workload cluster's cached client and live reader.
 func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hub.Hub, store *instancetype.Store,
-	md *machinedeployment.Provider, mm *machine.Provider, machines *hub.Lookup) []controller.Controller {
+	md *machinedeployment.Provider, mm *machine.Provider, machines *hub.Lookup, zones *instancetype.Zones) []controller.Controller {
 	return []controller.Controller{
 		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store, mm.Catalogue()), store.Subscribe()),
 		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
 		machine.NewGarbageCollector(mm, kubeClient, kubeAPIReader),
 		allocatable.NewController(kubeClient),
-		zone.NewController(kubeClient),
+		zone.NewController(kubeClient, zones),
 		machinegone.NewController(kubeClient, h, machines),
 	}
 }

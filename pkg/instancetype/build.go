@@ -46,10 +46,20 @@ func (s *Set) Source(origin types.NamespacedName) (Source, bool) {
 
 // Build merges sources into instance types: sources that yield the same
 // instance type become one instance type with one offering per zone and
-// capacity type. Unusable sources are reported, not returned.
-func Build(sources []Source) *Set {
+// capacity type. Unusable sources are reported, not returned. An instance
+// type with an offering in no particular zone gets a price record (see
+// Zones) in each zone of knownZones and of the sources that no offering of
+// its own covers.
+func Build(sources []Source, knownZones ...string) *Set {
 	set := &Set{Origins: map[OfferingKey][]Source{}}
 	byName := map[string][]Source{}
+	allZones := append([]string(nil), knownZones...)
+	for _, s := range sources {
+		if s.Err == nil && s.Zone != "" {
+			allZones = appendUnique(allZones, s.Zone)
+		}
+	}
+	sort.Strings(allZones)
 	for _, s := range sources {
 		set.Problems = append(set.Problems, s.Problems...)
 		if s.Err != nil {
@@ -66,7 +76,7 @@ func Build(sources []Source) *Set {
 	for _, name := range names {
 		group := byName[name]
 		sort.Slice(group, func(i, j int) bool { return originLess(group[i].Origin, group[j].Origin) })
-		it, kept := buildOne(name, group, set)
+		it, kept := buildOne(name, group, set, allZones)
 		set.InstanceTypes = append(set.InstanceTypes, it)
 		estimated := false
 		for _, s := range kept {
@@ -90,7 +100,7 @@ func Build(sources []Source) *Set {
 	return set
 }
 
-func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceType, []Source) {
+func buildOne(name string, group []Source, set *Set, allZones []string) (*cloudprovider.InstanceType, []Source) {
 	first := group[0]
 	kept := []Source{first}
 	reservations := map[string]Source{} // zone -> the reserved source kept
@@ -117,13 +127,6 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 		}
 	}
 
-	type offer struct {
-		price     float64
-		available bool
-		// reservationID and capacity of a reserved offering.
-		reservationID string
-		capacity      int
-	}
 	offers := map[OfferingKey]*offer{}
 	var zones, capacityTypes []string
 	zoneless := false // a source in no particular zone: the type may land in any
@@ -210,6 +213,7 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 			ReservationCapacity: capacity,
 		})
 	}
+	offerings = append(offerings, priceRecords(name, offers, allZones)...)
 	return &cloudprovider.InstanceType{
 		Name:         name,
 		Requirements: scheduling.NewRequirements(reqs...),
@@ -217,6 +221,43 @@ func buildOne(name string, group []Source, set *Set) (*cloudprovider.InstanceTyp
 		Capacity:     first.Capacity.DeepCopy(),
 		Overhead:     first.Kubelet.Overhead(first.Capacity),
 	}, kept
+}
+
+// priceRecords are the offerings of an instance type's zoneless offerings
+// in the zones no offering of its own covers: the zoneless price, zone and
+// capacity type pinned, never available (see Zones).
+func priceRecords(name string, offers map[OfferingKey]*offer, zones []string) cloudprovider.Offerings {
+	var out cloudprovider.Offerings
+	for _, ct := range []string{karpv1.CapacityTypeOnDemand, karpv1.CapacityTypeSpot} {
+		zoneless, ok := offers[OfferingKey{InstanceType: name, CapacityType: ct}]
+		if !ok {
+			continue
+		}
+		for _, z := range zones {
+			if _, covered := offers[OfferingKey{InstanceType: name, Zone: z, CapacityType: ct}]; covered {
+				continue
+			}
+			out = append(out, &cloudprovider.Offering{
+				Requirements: scheduling.NewRequirements(
+					scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, ct),
+					scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, z),
+					scheduling.NewRequirement(v1alpha1.LabelCapacityReservationID, corev1.NodeSelectorOpDoesNotExist),
+				),
+				Price:     zoneless.price,
+				Available: false,
+			})
+		}
+	}
+	return out
+}
+
+// offer is one offering of an instance type as Build merges its sources.
+type offer struct {
+	price     float64
+	available bool
+	// reservationID and capacity of a reserved offering.
+	reservationID string
+	capacity      int
 }
 
 // commonLabels are the node labels every source of a group agrees on.

@@ -28,6 +28,23 @@ type Store struct {
 
 	subMu     sync.Mutex
 	listeners []chan struct{}
+
+	// zones are the infrastructure's known zones (UseZones).
+	zones *Zones
+}
+
+// UseZones makes every Set built from now on carry price records in these
+// zones (see Zones), and rebuilds on each new zone.
+func (s *Store) UseZones(z *Zones) {
+	s.mu.Lock()
+	s.zones = z
+	s.changed()
+	s.mu.Unlock()
+	z.OnChange(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.changed()
+	})
 }
 
 type memoEntry struct {
@@ -154,6 +171,7 @@ func (s *Store) ResolveKubelet(selector labels.Selector, override kubelet.Config
 		return e.set
 	}
 	gen := s.generation
+	zones := s.zones.List()
 	var matched []Source
 	for _, src := range s.sources {
 		if selector.Matches(labels.Set(src.ObjectLabels)) {
@@ -162,7 +180,7 @@ func (s *Store) ResolveKubelet(selector labels.Selector, override kubelet.Config
 	}
 	s.mu.RUnlock()
 
-	set := Build(matched)
+	set := Build(matched, zones...)
 	s.mu.Lock()
 	if s.generation == gen {
 		s.memo[memoKey] = memoEntry{generation: gen, set: set}

@@ -44,6 +44,8 @@ type Catalogue struct {
 
 	kinds           sync.Map // schema.GroupVersionKind -> *atomic.Int64 (event count)
 	clustersVersion atomic.Int64
+	// zones are the infrastructure's known zones (UseZones; nil: none).
+	zones *instancetype.Zones
 
 	mu   sync.Mutex
 	memo map[string]memo
@@ -55,6 +57,16 @@ type Catalogue struct {
 type memo struct {
 	key      string
 	resolved *Resolved
+}
+
+// UseZones gives templates offered in no particular zone (a Cluster without
+// failure domains) price records in these zones (instancetype.Zones). Call
+// it before the catalogue is used.
+func (c *Catalogue) UseZones(z *instancetype.Zones) {
+	c.zones = z
+	if c.notify != nil {
+		z.OnChange(c.notify)
+	}
 }
 
 // Resolved is what a NodeClass resolves to in Machine mode.
@@ -179,7 +191,7 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 		bootstrapEvents = counter.Load()
 	}
 	spec, _ := json.Marshal(nc.Spec)
-	key := fmt.Sprintf("%s|%s|%d|%d|%d|%d|%d", spec, gvk, events.Load(), bootstrapEvents, c.clustersVersion.Load(), c.unavailable.Version(), c.reservations.Version())
+	key := fmt.Sprintf("%s|%s|%d|%d|%d|%d|%d|%d", spec, gvk, events.Load(), bootstrapEvents, c.clustersVersion.Load(), c.unavailable.Version(), c.reservations.Version(), c.zones.Version())
 	c.mu.Lock()
 	if m, ok := c.memo[nc.Name]; ok && m.key == key {
 		c.mu.Unlock()
@@ -253,7 +265,7 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 			sources = append(sources, s)
 		}
 	}
-	set := instancetype.Build(sources)
+	set := instancetype.Build(sources, c.zones.List()...)
 	set.Problems = append(problems, set.Problems...)
 	sort.Strings(hashes)
 	resolved := &Resolved{Set: set, Template: gvk, DriftHash: hashOf(hashes)}

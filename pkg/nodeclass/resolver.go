@@ -48,7 +48,12 @@ func (r *Resolver) recordPrices(nodeClass string, set *instancetype.Set) {
 		for _, of := range it.Offerings {
 			key := instancetype.KeyOf(it.Name, of)
 			estimated := false
-			for _, src := range set.Origins[key] {
+			origins := set.Origins[key]
+			if len(origins) == 0 {
+				// A price record (instancetype.Zones) has the zoneless offering's price.
+				origins = set.Origins[instancetype.OfferingKey{InstanceType: key.InstanceType, CapacityType: key.CapacityType}]
+			}
+			for _, src := range origins {
 				if src.Price == of.Price {
 					estimated = src.PriceEstimated
 					break

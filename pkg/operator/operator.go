@@ -141,6 +141,11 @@ func (o *Operator) Run(ctx context.Context) {
 	unavailable := launch.NewUnavailable(ttl, store.Notify)
 	mdProvider := machinedeployment.NewProvider(o.Hub, managed, store, unavailable)
 	catalogue := lo.Must(machine.NewCatalogue(ctx, o.Hub, unavailable, store.Notify))
+	// The zones nodes registered in: offerings in no particular zone get a
+	// price record there (instancetype.Zones).
+	zones := instancetype.NewZones()
+	store.UseZones(zones)
+	catalogue.UseZones(zones)
 	machines := hub.NewLookup(o.Hub, managed)
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
 	undecorated := cloudprovider.New(o.GetClient(), managed, machines, mdProvider.Mode(), mProvider.Mode())
@@ -180,6 +185,6 @@ func (o *Operator) Run(ctx context.Context) {
 		}
 	}
 	o.WithControllers(ctx, coreControllers...).
-		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines)...).
+		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones)...).
 		Start(ctx)
 }

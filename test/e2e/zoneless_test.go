@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +38,17 @@ func TestMachineDeploymentWithoutFailureDomain(t *testing.T) {
 	}
 	if n := len(seen()); n != 4 {
 		t.Fatalf("%d NodeClaims were created for 4 pods: launches failed and were retried (%v)", n, seen())
+	}
+	// Core looks a running node's offering up by the node's zone (drift an
+	// hour after launch, consolidation and cost prices): the zoneless
+	// offering now has a price record in the zone its nodes registered in,
+	// learnt from the Nodes (this NodeClass has no zoned offering at all).
+	series := fmt.Sprintf(`karpenter_clusterapi_offering_price{capacity_type="on-demand",estimated="false",instance_type="m5.large",nodeclass="nz",zone=%q}`, w.AWS.Zones()[0])
+	if err := WaitFor(context.Background(), time.Minute, func(context.Context) (bool, error) {
+		v, ok, err := provider.Metric(series)
+		return ok && v == 0.096, err
+	}); err != nil {
+		t.Fatalf("no price record %s 0.096: %v", series, err)
 	}
 
 	scaleDeployment(t, d, 0)

@@ -56,13 +56,16 @@ func startProvider(ctx context.Context, hubConfig, spokeConfig *rest.Config, nam
 	if err != nil {
 		return nil, err
 	}
+	zones := instancetype.NewZones()
+	store.UseZones(zones)
+	catalogue.UseZones(zones)
 	machines := hub.NewLookup(h, managed)
 	mm, err := machine.NewProvider(ctx, h, machines, catalogue)
 	if err != nil {
 		return nil, err
 	}
 	cp := cloudprovider.New(mgr.GetClient(), managed, machines, md.Mode(), mm.Mode())
-	for _, c := range controllers.NewControllers(mgr.GetClient(), mgr.GetAPIReader(), h, store, md, mm, machines) {
+	for _, c := range controllers.NewControllers(mgr.GetClient(), mgr.GetAPIReader(), h, store, md, mm, machines, zones) {
 		if err := c.Register(ctx, mgr); err != nil {
 			return nil, fmt.Errorf("registering %T: %w", c, err)
 		}

@@ -23,6 +23,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 )
 
 // nodeClaimProviderIDIndex is the field index Karpenter core registers on
@@ -30,14 +31,18 @@ import (
 const nodeClaimProviderIDIndex = "status.providerID"
 
 // Controller copies the Node's zone label to its NodeClaim when the
-// NodeClaim has none.
+// NodeClaim has none, and notes every Node's zone in zones.
 type Controller struct {
 	kubeClient client.Client
+	zones      *instancetype.Zones
 }
 
 // NewController returns the controller; kubeClient is the workload cluster's.
-func NewController(kubeClient client.Client) *Controller {
-	return &Controller{kubeClient: kubeClient}
+// zones (may be nil) learns the zone of every Node, its own or not, listed at
+// start or registered later: the infrastructure's zones, where an offering
+// in no particular zone may have put an instance (instancetype.Zones).
+func NewController(kubeClient client.Client, zones *instancetype.Zones) *Controller {
+	return &Controller{kubeClient: kubeClient, zones: zones}
 }
 
 // Name of the controller.
@@ -54,7 +59,9 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 		}))).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.nodeClaimsOf),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-				return o.GetLabels()[corev1.LabelTopologyZone] != ""
+				zone := o.GetLabels()[corev1.LabelTopologyZone]
+				c.zones.Note(zone) // on the event itself: no Node is missed for want of a NodeClaim
+				return zone != ""
 			}))).
 		Complete(c)
 }
