@@ -57,6 +57,13 @@ func Start(name string, crds []*apiextensionsv1.CustomResourceDefinition, config
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme.Scheme,
 	}
+	if os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT") == "" {
+		// envtest gives etcd and the API server 20 s each, then starts them
+		// again (5 times), leaving the slow one running: on 2 cores with
+		// several worlds starting (make test's packages in parallel,
+		// conformance -parallel) the API server missed that five times.
+		env.ControlPlaneStartTimeout = 2 * time.Minute
+	}
 	for _, f := range configure {
 		f(env)
 	}
