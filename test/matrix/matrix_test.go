@@ -351,8 +351,19 @@ func offerings(t *testing.T, tg *target, pool *karpv1.NodePool) map[[2]string]fl
 		if it.Name != InstanceType {
 			t.Fatalf("unexpected instance type %s", it.Name)
 		}
+		zoneless := map[string]bool{}
+		for _, of := range it.Offerings {
+			if k := instancetype.KeyOf(it.Name, of); k.Zone == "" {
+				zoneless[k.CapacityType] = true
+			}
+		}
 		for _, of := range it.Offerings {
 			k := instancetype.KeyOf(it.Name, of)
+			if !of.Available && k.Zone != "" && zoneless[k.CapacityType] {
+				// A price record of the zoneless offering in a zone a node
+				// registered in (instancetype.Zones): not an offering to launch.
+				continue
+			}
 			if _, dup := out[[2]string{k.Zone, k.CapacityType}]; dup {
 				t.Fatalf("two offerings with key %v", k)
 			}
