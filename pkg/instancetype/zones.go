@@ -33,6 +33,13 @@ func (z *Zones) Note(zone string) bool {
 	if z == nil || zone == "" {
 		return false
 	}
+	// Every Node event notes its zone: the known ones take a read lock only.
+	z.mu.RLock()
+	_, known := z.set[zone]
+	z.mu.RUnlock()
+	if known {
+		return false
+	}
 	z.mu.Lock()
 	if _, ok := z.set[zone]; ok {
 		z.mu.Unlock()
