@@ -6,11 +6,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -48,24 +50,69 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 	}
 	key := client.ObjectKeyFromObject(md)
 	p := c.provider
-	// On doubt, read live: the cache may not show a binding made just now
-	// (by a process before a restart, which this one does not remember).
+	// Decide on a live read: the cache may not show a binding made just
+	// now (by a process before a restart, which this one does not
+	// remember), and the MachineDeployment and its Machines come from two
+	// watches that lag apart, so the cache can look settled while the
+	// MachineSet still removes a released Machine.
+	liveMD := &clusterv1.MachineDeployment{}
+	if err := p.hub.GetAPIReader().Get(ctx, key, liveMD); err != nil {
+		return nil, fmt.Errorf("reading MachineDeployment %s: %w", key, err)
+	}
 	live := &clusterv1.MachineList{}
 	if err := p.hub.GetAPIReader().List(ctx, live, client.InNamespace(md.Namespace),
 		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
 		return nil, fmt.Errorf("listing Machines of MachineDeployment %s: %w", key, err)
 	}
+	if pending, err := hub.PendingNodeClaims(liveMD); err != nil {
+		return nil, err
+	} else if _, ok := pending[claim]; !ok {
+		return nil, nil // settled since the cache's read
+	}
+	replicas = ptr.Deref(liveMD.Spec.Replicas, 0)
+	owned, _, err := ownedReplicas(liveMD)
+	if err != nil {
+		return nil, err
+	}
+	var liveCount, unbound int32
+	keptReleased := false
 	for i := range live.Items {
-		if m := &live.Items[i]; m.Annotations[v1alpha1.NodeClaimAnnotation] == claim && m.DeletionTimestamp.IsZero() && !isMarked(m) {
-			return nil, nil
+		m := &live.Items[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		liveCount++
+		switch bound := m.Annotations[v1alpha1.NodeClaimAnnotation]; {
+		case bound == claim && !isMarked(m):
+			return nil, nil // bound meanwhile
+		case bound != "" && isMarked(m), bound == "" && spareMarked(m):
+			keptReleased = true
+		case bound == "" && !isMarked(m):
+			unbound++
 		}
 	}
+	if liveCount != replicas {
+		return nil, nil // the MachineSet is still at work
+	}
+	if keptReleased {
+		// A released or given-back Machine the MachineSet kept (someone
+		// raised, often Karpenter for another NodeClaim or for this one
+		// again, as it was marked) stands in this replica's place. It goes
+		// (deleteKeptReleased, deleteKeptSpares, or the spare logic), and
+		// the MachineSet makes the Machine for this replica.
+		// Dropping the reservation as lost instead handed the replica to
+		// no one: an unbound Machine for ever (conformance, StaticCapacity
+		// drift).
+		return nil, nil
+	}
 	victim := pickVictim(use.victims, taken, since.Add(-bindSkew))
-	owned, _, _ := ownedReplicas(md)
-	if victim == nil && replicas <= owned {
-		// Every replica is Karpenter's (a rollout replaced a bound
-		// Machine with an unbound one): an unbound Machine is a leftover
-		// of ours, whenever it was made. It goes with the replica.
+	if others := replicas - owned; victim == nil && (others <= 0 || unbound > others) {
+		// More unbound Machines than replicas of others': one of them is
+		// Karpenter's by the count, whenever it was made (a rollout
+		// replaced a bound Machine with an unbound one; a Machine made
+		// for someone else's raise, or a MachineHealthCheck's
+		// replacement, was bound to an older reservation in this one's
+		// place). It goes with the replica.
 		victim = pickVictim(use.victims, taken, time.Time{})
 	}
 	if victim != nil {
@@ -81,6 +128,15 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 			fmt.Sprintf("Machine %s made for NodeClaim %s got a Node before it was bound: replica given back with it, the NodeClaim raises again", victim.Name, claim))
 		metrics.OrphansReleased.WithLabelValues("replica").Inc()
 		return &op{kind: opGiveBack, name: claim}, nil
+	}
+	if replicas >= owned {
+		// No replica of Karpenter's was taken away, yet no Machine is
+		// left for this one: the count is off (NodeClaims hold more than
+		// counted). Dropping the reservation would hand a replica to no
+		// one; it waits, and the NodeClaim's timeout ends it.
+		log.FromContext(ctx).Info("a reservation has no Machine, but no replica was taken away: waiting", "MachineDeployment", key, "NodeClaim", claim,
+			"replicas", replicas, "owned", owned, "unbound", unbound)
+		return nil, nil
 	}
 	p.inflight.Delete(claim) // the next Create raises again
 	log.FromContext(ctx).Info("dropping a reservation whose replica someone else took away", "MachineDeployment", key, "NodeClaim", claim, "replicas", replicas)

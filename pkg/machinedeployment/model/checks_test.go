@@ -18,6 +18,10 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
+// spareMark mirrors the provider's mark on a Machine it gives a replica
+// back with.
+const spareMark = "karpenter-clusterapi: replica given back"
+
 // bindSkew mirrors the provider's tolerance for clock skew (the design's
 // binding condition 4).
 const bindSkew = 10 * time.Second
@@ -107,6 +111,22 @@ func (w *world) checkReplicas(old, md *clusterv1.MachineDeployment) {
 	if hadOwned && hasOwned && after-newOwned < before-oldOwned {
 		w.failf("MachineDeployment %s: others' replicas went from %d to %d by the provider's write (replicas %d->%d, owned %d->%d, pending %s -> %s)",
 			md.Name, before-oldOwned, after-newOwned, before, after, oldOwned, newOwned, old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation])
+	}
+	// Invariant 4b: the provider hands replicas to others (owned down,
+	// replicas not) only to make up a deficit (someone else lowered the
+	// replicas below Karpenter's count: they took Karpenter's) or at
+	// min-size (the replica passes to whoever set the minimum). Handing
+	// one over otherwise leaves a Machine that no one asked for, unbound
+	// for ever (conformance, StaticCapacity drift: a reservation dropped
+	// as lost while a released Machine the MachineSet kept stood in its
+	// place, no one else writing replicas).
+	if hadOwned && hasOwned && after-newOwned > before-oldOwned {
+		minSize, hasMin := bound32(md, instancetype.MinSizeAnnotation)
+		if deficit := max(oldOwned-before, 0); !(hasMin && after <= minSize) && after-newOwned-(before-oldOwned) > deficit {
+			w.failf("MachineDeployment %s: the provider's write gave others %d replicas with no deficit to make up (others' %d->%d; replicas %d->%d, owned %d->%d, pending %s -> %s)",
+				md.Name, after-newOwned-(before-oldOwned), before-oldOwned, after-newOwned, before, after, oldOwned, newOwned,
+				old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation])
+		}
 	}
 }
 
@@ -222,12 +242,27 @@ func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *
 
 // checkRemoval: the provider marks or deletes a bound Machine only when its
 // NodeClaim is being deleted or gone, or its launch failed; an unbound one
-// only to give a spare replica back (marked, never deleted).
+// only to give a spare replica back: marked, and deleted only once given
+// back (the provider's spare mark) while its MachineSet keeps it (no more
+// live Machines than replicas: the MachineSet would not remove it).
 func (w *world) checkRemoval(old *clusterv1.Machine, what string) {
 	claim := bound(old)
 	if claim == "" {
 		if what == "deleted" {
-			w.failf("unbound Machine %s deleted by the provider", old.Name)
+			md := w.md(old.Labels[clusterv1.MachineDeploymentNameLabel])
+			live := int32(0) // before the deletion (checked after it)
+			if old.DeletionTimestamp.IsZero() {
+				live++
+			}
+			for _, m := range w.machines() {
+				if m.Name != old.Name && m.Labels[clusterv1.MachineDeploymentNameLabel] == md.Name && m.DeletionTimestamp.IsZero() {
+					live++
+				}
+			}
+			if old.Annotations[clusterv1.DeleteMachineAnnotation] != spareMark || live > ptr.Deref(md.Spec.Replicas, 0) {
+				w.failf("unbound Machine %s deleted by the provider (mark %q, %d live Machines for %d replicas)",
+					old.Name, old.Annotations[clusterv1.DeleteMachineAnnotation], live, ptr.Deref(md.Spec.Replicas, 0))
+			}
 		}
 		return
 	}
@@ -318,7 +353,7 @@ func (w *world) checkSettled() {
 				boundMachines++
 			}
 		}
-		if !ok || n != boundMachines+int32(len(pending)) {
+		if !ok || n != boundMachines+int32(len(pending)) || len(pending) > 0 {
 			if w.trace != nil {
 				for _, m := range w.machines() {
 					if m.Labels[clusterv1.MachineDeploymentNameLabel] == name {

@@ -132,7 +132,7 @@ func (w *world) settle() {
 	w.exhausted = map[string]bool{}
 	w.stalled = map[string]bool{}
 	rng := rand.New(rand.NewSource(1))
-	for range 40 {
+	for range 80 {
 		w.now = w.now.Add(5 * time.Second)
 		w.act(rng)
 	}

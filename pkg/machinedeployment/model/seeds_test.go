@@ -323,3 +323,41 @@ func (w *world) mustLaunch(t *testing.T, n int, claims ...string) {
 		t.Fatalf("NodeClaims %v not launched in %d rounds", claims, n)
 	}
 }
+
+// Conformance (Karpenter's StaticCapacity "should replace drifted nodes",
+// MachineDeployment mode): the same cancel-out as above, but the
+// controller's next pass comes only after OrphanGrace (a provider busy with
+// ten replacements at once), when the reservation is stranded and the kept
+// Machine due in the same pass. The reservation was dropped as lost
+// (opLost: owned-1, replicas unchanged) with no one else writing replicas,
+// the kept Machine was deleted, and the MachineSet's new Machine had no
+// NodeClaim: a node no one asked for, for ever. A kept released Machine
+// stands in for the reservation's replica: the reservation waits for it to
+// go.
+func TestAReservationAKeptReleasedMachineStandsInForIsNotLost(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	w.mustLaunch(t, 20, a)
+	w.hub.Sync()
+	c := w.newClaim()
+	_ = w.create(c) // raised: replicas 2
+	w.claims[a].deleting = true
+	_ = w.remove(a) // released: replicas 1, the MachineSet keeps a's marked Machine
+	w.runMachineSets()
+	w.hub.Sync()
+	w.now = w.now.Add(machinedeployment.OrphanGrace + time.Second)
+	w.reconcile() // stranded and kept at once
+	w.noFailures(t)
+	w.rounds(90, func() bool { _, ok := w.claims[a]; return w.launched(c)() && !ok })
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+	if !w.launched(c)() {
+		t.Errorf("NodeClaim %s not launched", c)
+	}
+	md := w.md("cheap")
+	n, _ := owned(md)
+	if r, live := w.replicas("cheap"), w.liveMachines("cheap"); r != 1 || live != 1 || n != 1 {
+		t.Errorf("cheap has %d replicas, %d live Machines, owns %d: want 1, 1, 1 (c's); a replica passed to no one", r, live, n)
+	}
+}
