@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -75,6 +76,21 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 			fmt.Sprintf("a Karpenter Machine went in place of Machine %s, released already: its replica given back", victim.Name))
 		metrics.OrphansReleased.WithLabelValues("spare").Inc()
 		return &op{kind: opSpare, expect: owned}, time.Second, nil
+	}
+	// Forgetting hands the replica to others: only when they took one of
+	// Karpenter's (fewer replicas than owned), on a live read (the caches
+	// of MachineDeployments and Machines lag apart). Otherwise no replica
+	// was taken away and the count waits (invariant 4b).
+	live := &clusterv1.MachineDeployment{}
+	if err := c.provider.hub.GetAPIReader().Get(ctx, key, live); err != nil {
+		return nil, 0, fmt.Errorf("reading MachineDeployment %s: %w", key, err)
+	}
+	liveOwned, _, err := ownedReplicas(live)
+	if err != nil {
+		return nil, 0, err
+	}
+	if r := ptr.Deref(live.Spec.Replicas, 0); r >= liveOwned || liveOwned != owned {
+		return nil, OrphanGrace, nil
 	}
 	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key, "replicas", replicas, "owned", owned, "bound", use.bound)
 	return &op{kind: opForgive, expect: owned}, time.Second, nil
