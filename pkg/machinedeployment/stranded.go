@@ -82,6 +82,9 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 			continue
 		}
 		liveCount++
+		if taken[m.Name] {
+			continue // bound or given back in this pass
+		}
 		switch bound := m.Annotations[v1alpha1.NodeClaimAnnotation]; {
 		case bound == claim && !isMarked(m):
 			return nil, nil // bound meanwhile
