@@ -20,6 +20,11 @@ func TestGinkgoFilters(t *testing.T) {
 	}
 	termination.Skips = []string{termination.CISkip, "^" + regexp.QuoteMeta("Termination should terminate an empty node") + "$"}
 	nodeClaim, _ := groupByID("regression/StandaloneNodeClaim")
+	repair, _ := groupByID("disruption/Repair")
+	breaker, ok := groupByID("disruption/RepairBreaker")
+	if !ok || !breaker.Alone {
+		t.Fatal("no disruption/RepairBreaker group running alone")
+	}
 	for _, c := range []struct {
 		g    Group
 		text string
@@ -31,6 +36,11 @@ func TestGinkgoFilters(t *testing.T) {
 		{termination, "Expiration should expire the node after the expiration is reached"},
 		{nodeClaim, "NodeClaim StandaloneNodeClaim should create a standard NodeClaim"},
 		{nodeClaim, "Integration Validation NodePool should error when a restricted label is used in labels (karpenter.sh/nodepool)"},
+		{repair, "Repair repairs an isolated unhealthy node"},
+		{repair, "Repair trips the budgeted breaker and freezes repair when >20% of the pool is unhealthy"},
+		{breaker, "Repair trips the budgeted breaker and freezes repair when >20% of the pool is unhealthy"},
+		{breaker, "Repair resumes repair once the pool drops back under the breaker threshold"},
+		{breaker, "Repair respects disruption budgets"},
 	} {
 		full := suiteDescriptions[c.g.Suite] + " " + c.text
 		runs := regexp.MustCompile(ginkgoFilter(c.g.Suite, c.g.Focus)).MatchString(full)
@@ -39,6 +49,20 @@ func TestGinkgoFilters(t *testing.T) {
 		}
 		if want := c.g.Matches(c.g.Suite, c.text); runs != want {
 			t.Errorf("%s: ginkgo runs %q: %t, Group.Matches: %t", c.g.ID(), c.text, runs, want)
+		}
+	}
+	// Each Repair spec runs in exactly one of the two groups: the breaker
+	// specs alone, the others with the rest.
+	for text, wantBreaker := range map[string]bool{
+		"Repair repairs an isolated unhealthy node":                                               false,
+		"Repair respects disruption budgets":                                                      false,
+		"Repair Kubelet conditions NodeReadyFalse":                                                false,
+		"Repair trips the budgeted breaker and freezes repair when >20% of the pool is unhealthy": true,
+		"Repair resumes repair once the pool drops back under the breaker threshold":              true,
+	} {
+		if repair.Matches("disruption", text) == wantBreaker || breaker.Matches("disruption", text) != wantBreaker {
+			t.Errorf("%q: in Repair %t, in RepairBreaker %t; want %t, %t", text,
+				repair.Matches("disruption", text), breaker.Matches("disruption", text), !wantBreaker, wantBreaker)
 		}
 	}
 	if !termination.Matches("disruption", "Termination should terminate the node and the instance on deletion") ||

@@ -62,7 +62,16 @@ type Group struct {
 	// BootDelay is how long a launched instance takes to boot and register
 	// (the world's ProvisionDelay; world.DefaultProvisionDelay when zero).
 	BootDelay time.Duration
+	// Alone makes a run with -parallel start the group after every other
+	// group of the run has ended and start no other beside it: its specs
+	// need writes the suite makes one after another to land close
+	// together, which a machine loaded by other worlds does not give.
+	Alone bool
 }
+
+// repairBreaker matches the text of the Repair specs that trip the
+// disruption breaker.
+const repairBreaker = `\bbreaker\b`
 
 // RunsIn reports whether the group runs in a mode.
 func (g Group) RunsIn(m Mode) bool {
@@ -122,7 +131,15 @@ var Groups = []Group{
 		CISkip: `Emptiness|TerminationGracePeriod|in order`},
 	{Suite: "disruption", Name: "Expiration", Focus: `^Expiration `, Minutes: 8},
 	{Suite: "disruption", Name: "Drift", Focus: `^Drift `, Minutes: 27},
-	{Suite: "disruption", Name: "Repair", Focus: `^Repair `, Minutes: 13},
+	{Suite: "disruption", Name: "Repair", Focus: `^Repair `, Minutes: 13, Skips: []string{repairBreaker}},
+	// The breaker specs inject a fault into two of five nodes, one write
+	// after the other, and expect core to see both before it repairs: with
+	// one of five unhealthy (not over the 20 % threshold) it repairs at
+	// once. Beside five other worlds (load 36 on 2 cores) the two writes
+	// landed 2 s apart and core repaired the first node in between
+	// (MachineDeployment mode, 2026-11-27); alone, they land milliseconds
+	// apart, as on the machines upstream runs them on.
+	{Suite: "disruption", Name: "RepairBreaker", Focus: `^Repair .*` + repairBreaker, Minutes: 4, Alone: true},
 	{Suite: "disruption", Name: "Reboot", Focus: `^Reboot `, Minutes: 1},
 	{Suite: "disruption", Name: "TerminateFirst", Focus: `^TerminateFirst `, Minutes: 3},
 }

@@ -34,7 +34,15 @@ func runParallel(ctx context.Context, o Options, r *Report, jobs []job, say func
 			order = append(order, i)
 		}
 	}
-	sort.SliceStable(order, func(a, b int) bool { return jobs[order[a]].group.Minutes > jobs[order[b]].group.Minutes })
+	// Groups that run alone go last, so the others share the machine
+	// first; among each, the longest first.
+	sort.SliceStable(order, func(a, b int) bool {
+		ga, gb := jobs[order[a]].group, jobs[order[b]].group
+		if ga.Alone != gb.Alone {
+			return gb.Alone
+		}
+		return ga.Minutes > gb.Minutes
+	})
 
 	type outcome struct {
 		groups []GroupResult
@@ -63,13 +71,21 @@ func runParallel(ctx context.Context, o Options, r *Report, jobs []job, say func
 	started := 0
 launch:
 	for _, i := range order {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			break launch
+		j := jobs[i]
+		// A group that runs alone takes every slot: it waits for the
+		// groups running to end, and none starts beside it.
+		need := 1
+		if j.group.Alone {
+			need = o.Parallel
+		}
+		for range need {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				break launch
+			}
 		}
 		started++
-		j := jobs[i]
 		prefix := fmt.Sprintf("[job %d/%d] %s mode, group %s", started, len(order), j.mode, j.group.ID())
 		// Worlds start one at a time: an API server starting beside five
 		// others on 2 cores missed envtest's start timeout.
@@ -79,7 +95,11 @@ launch:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-slots }()
+			defer func() {
+				for range need {
+					<-slots
+				}
+			}()
 			defer worldUp()
 			groups, specs := runChild(ctx, o, j, worldUp, func(format string, args ...any) { say(prefix+": "+format, args...) })
 			s := summarize(specs)

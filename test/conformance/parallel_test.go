@@ -175,3 +175,75 @@ func TestRunParallelMergesChildrenInOrder(t *testing.T) {
 		t.Errorf("%d children ran at once, want 2 (Parallel)", most)
 	}
 }
+
+// A group that runs alone starts after every other group has ended,
+// however long it is, and no group runs beside it.
+func TestRunParallelRunsAnAloneGroupWithNoOther(t *testing.T) {
+	out := t.TempDir()
+	events := filepath.Join(out, "events")
+	g := func(name string, minutes int, alone bool) Group {
+		return Group{Suite: "disruption", Name: name, Minutes: minutes, Alone: alone}
+	}
+	jobs := []job{
+		{mode: ModeMachine, group: g("Quiet", 50, true), want: []string{"Quiet works"}},
+		{mode: ModeMachine, group: g("First", 5, false), want: []string{"First works"}},
+		{mode: ModeMachine, group: g("Second", 4, false), want: []string{"Second works"}},
+		{mode: ModeMachine, group: g("Third", 3, false), want: []string{"Third works"}},
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{OutDir: out, Parallel: 3, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
+		return cmd
+	}}
+	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, func(string, ...any) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Summary != (Summary{Passed: 4}) {
+		t.Fatalf("summary %+v, want 4 passed", r.Summary)
+	}
+	data, err := os.ReadFile(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type event struct {
+		at          int64
+		what, group string
+	}
+	var evs []event
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Fields(line)
+		at, _ := strconv.ParseInt(f[0], 10, 64)
+		evs = append(evs, event{at, f[1], f[2]})
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	running := map[string]bool{}
+	others := 0
+	for _, e := range evs {
+		switch {
+		case e.what == "start" && e.group == "Quiet":
+			if len(running) > 0 {
+				t.Errorf("Quiet started while %v ran", running)
+			}
+			running[e.group] = true
+		case e.what == "start":
+			if running["Quiet"] {
+				t.Errorf("%s started while Quiet ran alone", e.group)
+			}
+			running[e.group] = true
+			others++
+		default:
+			delete(running, e.group)
+		}
+	}
+	if others != 3 {
+		t.Errorf("%d other groups ran, want 3", others)
+	}
+	if last := evs[len(evs)-1]; last.group != "Quiet" || last.what != "end" {
+		t.Errorf("the run ended with %s %s, want Quiet's end (the longest group, alone, goes last)", last.what, last.group)
+	}
+}

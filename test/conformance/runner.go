@@ -423,8 +423,7 @@ func checkGrouping(suite string, specs []string) error {
 	for _, text := range specs {
 		n := 0
 		for _, g := range Groups {
-			re := regexp.MustCompile(g.Focus)
-			if g.Suite == suite && re.MatchString(text) {
+			if g.Matches(suite, text) {
 				n++
 			}
 		}
