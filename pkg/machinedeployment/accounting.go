@@ -78,9 +78,6 @@ type usage struct {
 	// released are bound Machines whose replica was given back and that
 	// are not being deleted yet.
 	released []*clusterv1.Machine
-	// spares are unbound Machines this provider marked to give a replica
-	// back with, not being deleted yet (also among victims).
-	spares []*clusterv1.Machine
 }
 
 // measure counts the Machines of a MachineDeployment against its pending
@@ -111,7 +108,6 @@ func measure(machines []clusterv1.Machine, pending map[string]time.Time, release
 			unmarked = append(unmarked, m)
 		} else if spareMarked(m) {
 			marked = append(marked, m)
-			u.spares = append(u.spares, m)
 		}
 	}
 	sortVictims(marked, newest)

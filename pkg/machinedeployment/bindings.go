@@ -271,11 +271,6 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		} else if wait > 0 {
 			later(wait)
 		}
-		if wait, err := c.deleteKeptSpares(ctx, md, use, now); err != nil {
-			return 0, err
-		} else if wait > 0 {
-			later(wait)
-		}
 	}
 
 	var settle *op

@@ -63,9 +63,6 @@ type Controller struct {
 	bootstrapWatched bool
 	// debts tracks owned replicas that disagree with the NodeClaims.
 	debts debts
-	// keptSpares remembers since when each spare-marked Machine has been
-	// seen kept by its settled MachineSet (deleteKeptSpares).
-	keptSpares keptSince
 	// templates remembers each MachineDeployment's rollout fields, to wake
 	// the NodeClass status (and with it drift) when they change.
 	templates sync.Map // types.NamespacedName -> string

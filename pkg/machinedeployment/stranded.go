@@ -88,9 +88,9 @@ func (c *Controller) stranded(ctx context.Context, md *clusterv1.MachineDeployme
 		switch bound := m.Annotations[v1alpha1.NodeClaimAnnotation]; {
 		case bound == claim && !isMarked(m):
 			return nil, nil // bound meanwhile
-		case bound != "" && isMarked(m), bound == "" && spareMarked(m):
+		case bound != "" && isMarked(m):
 			keptReleased = true
-		case bound == "" && !isMarked(m):
+		case bound == "" && (!isMarked(m) || spareMarked(m)):
 			unbound++
 		}
 	}

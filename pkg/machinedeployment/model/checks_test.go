@@ -18,10 +18,6 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
-// spareMark mirrors the provider's mark on a Machine it gives a replica
-// back with.
-const spareMark = "karpenter-clusterapi: replica given back"
-
 // bindSkew mirrors the provider's tolerance for clock skew (the design's
 // binding condition 4).
 const bindSkew = 10 * time.Second
@@ -242,27 +238,12 @@ func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *
 
 // checkRemoval: the provider marks or deletes a bound Machine only when its
 // NodeClaim is being deleted or gone, or its launch failed; an unbound one
-// only to give a spare replica back: marked, and deleted only once given
-// back (the provider's spare mark) while its MachineSet keeps it (no more
-// live Machines than replicas: the MachineSet would not remove it).
+// only to give a spare replica back (marked, never deleted).
 func (w *world) checkRemoval(old *clusterv1.Machine, what string) {
 	claim := bound(old)
 	if claim == "" {
 		if what == "deleted" {
-			md := w.md(old.Labels[clusterv1.MachineDeploymentNameLabel])
-			live := int32(0) // before the deletion (checked after it)
-			if old.DeletionTimestamp.IsZero() {
-				live++
-			}
-			for _, m := range w.machines() {
-				if m.Name != old.Name && m.Labels[clusterv1.MachineDeploymentNameLabel] == md.Name && m.DeletionTimestamp.IsZero() {
-					live++
-				}
-			}
-			if old.Annotations[clusterv1.DeleteMachineAnnotation] != spareMark || live > ptr.Deref(md.Spec.Replicas, 0) {
-				w.failf("unbound Machine %s deleted by the provider (mark %q, %d live Machines for %d replicas)",
-					old.Name, old.Annotations[clusterv1.DeleteMachineAnnotation], live, ptr.Deref(md.Spec.Replicas, 0))
-			}
+			w.failf("unbound Machine %s deleted by the provider", old.Name)
 		}
 		return
 	}
