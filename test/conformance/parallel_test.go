@@ -135,21 +135,7 @@ func TestRunParallelMergesChildrenInOrder(t *testing.T) {
 
 	// From the children's own records: who started in which order, and how
 	// many ran at once.
-	data, err := os.ReadFile(events)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type event struct {
-		at          int64
-		what, group string
-	}
-	var evs []event
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		f := strings.Fields(line)
-		at, _ := strconv.ParseInt(f[0], 10, 64)
-		evs = append(evs, event{at, f[1], f[2]})
-	}
-	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	evs := readEvents(t, events)
 	var starts []string
 	running, most := 0, 0
 	for _, e := range evs {
@@ -206,21 +192,7 @@ func TestRunParallelRunsAnAloneGroupWithNoOther(t *testing.T) {
 	if r.Summary != (Summary{Passed: 4}) {
 		t.Fatalf("summary %+v, want 4 passed", r.Summary)
 	}
-	data, err := os.ReadFile(events)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type event struct {
-		at          int64
-		what, group string
-	}
-	var evs []event
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		f := strings.Fields(line)
-		at, _ := strconv.ParseInt(f[0], 10, 64)
-		evs = append(evs, event{at, f[1], f[2]})
-	}
-	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	evs := readEvents(t, events)
 	running := map[string]bool{}
 	others := 0
 	for _, e := range evs {
@@ -246,4 +218,27 @@ func TestRunParallelRunsAnAloneGroupWithNoOther(t *testing.T) {
 	if last := evs[len(evs)-1]; last.group != "Quiet" || last.what != "end" {
 		t.Errorf("the run ended with %s %s, want Quiet's end (the longest group, alone, goes last)", last.what, last.group)
 	}
+}
+
+// childEvent is one line a fake child recorded: when it started or ended.
+type childEvent struct {
+	at          int64
+	what, group string
+}
+
+// readEvents returns the fake children's records in time order.
+func readEvents(t *testing.T, events string) []childEvent {
+	t.Helper()
+	data, err := os.ReadFile(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []childEvent
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Fields(line)
+		at, _ := strconv.ParseInt(f[0], 10, 64)
+		evs = append(evs, childEvent{at, f[1], f[2]})
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	return evs
 }

@@ -287,7 +287,10 @@ func TestAReleasedMachineItsMachineSetKeepsIsDeleted(t *testing.T) {
 // passed to "someone else" for good, an unbound Machine no one owns. The
 // provider deletes the kept Machine well within OrphanGrace, so the
 // MachineSet's replacement serves the raise.
-func TestAReleaseAndARaiseThatCancelOutServeBoth(t *testing.T) {
+// releaseAndRaiseCancelOut launches NodeClaim a on cheap, then raises for a
+// new claim c as a is released: the MachineSet keeps a's marked Machine and
+// makes none for c.
+func releaseAndRaiseCancelOut(t *testing.T) (*world, string, string) {
 	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
 	w.reconcile()
 	a := w.newClaim()
@@ -298,6 +301,11 @@ func TestAReleaseAndARaiseThatCancelOutServeBoth(t *testing.T) {
 	w.claims[a].deleting = true
 	_ = w.remove(a) // released: replicas 1, the MachineSet keeps a's marked Machine
 	w.runMachineSets()
+	return w, a, c
+}
+
+func TestAReleaseAndARaiseThatCancelOutServeBoth(t *testing.T) {
+	w, a, c := releaseAndRaiseCancelOut(t)
 	w.rounds(90, func() bool { _, ok := w.claims[a]; return w.launched(c)() && !ok })
 	w.rounds(60, func() bool { return false })
 	w.noFailures(t)
@@ -335,16 +343,7 @@ func (w *world) mustLaunch(t *testing.T, n int, claims ...string) {
 // stands in for the reservation's replica: the reservation waits for it to
 // go.
 func TestAReservationAKeptReleasedMachineStandsInForIsNotLost(t *testing.T) {
-	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
-	w.reconcile()
-	a := w.newClaim()
-	w.mustLaunch(t, 20, a)
-	w.hub.Sync()
-	c := w.newClaim()
-	_ = w.create(c) // raised: replicas 2
-	w.claims[a].deleting = true
-	_ = w.remove(a) // released: replicas 1, the MachineSet keeps a's marked Machine
-	w.runMachineSets()
+	w, a, c := releaseAndRaiseCancelOut(t)
 	w.hub.Sync()
 	w.now = w.now.Add(machinedeployment.OrphanGrace + time.Second)
 	w.reconcile() // stranded and kept at once
