@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -66,25 +67,18 @@ func runParallel(ctx context.Context, o Options, r *Report, jobs []job, say func
 		r.Seconds = time.Since(r.Started).Seconds()
 	}
 
-	slots := make(chan struct{}, o.Parallel)
+	sched := newScheduler(ctx, o.Parallel)
 	var wg sync.WaitGroup
 	started := 0
-launch:
-	for _, i := range order {
+	pending := order
+	for len(pending) > 0 {
+		k, ok := sched.take(pending, jobs)
+		if !ok {
+			break // cancelled
+		}
+		i := pending[k]
+		pending = append(pending[:k:k], pending[k+1:]...)
 		j := jobs[i]
-		// A group that runs alone takes every slot: it waits for the
-		// groups running to end, and none starts beside it.
-		need := 1
-		if j.group.Alone {
-			need = o.Parallel
-		}
-		for range need {
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				break launch
-			}
-		}
 		started++
 		prefix := fmt.Sprintf("[job %d/%d] %s mode, group %s", started, len(order), j.mode, j.group.ID())
 		// Worlds start one at a time: an API server starting beside five
@@ -95,11 +89,7 @@ launch:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() {
-				for range need {
-					<-slots
-				}
-			}()
+			defer sched.release(j.group)
 			defer worldUp()
 			groups, specs := runChild(ctx, o, j, worldUp, func(format string, args ...any) { say(prefix+": "+format, args...) })
 			s := summarize(specs)
@@ -128,6 +118,72 @@ launch:
 		return r, ctx.Err()
 	}
 	return finish(r, o.OutDir)
+}
+
+// scheduler hands out a parallel run's slots. A group takes one slot, or
+// every slot when it runs alone, and none while a running group holds one of
+// its host ports.
+type scheduler struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	ctx   context.Context
+	slots int
+	free  int
+	ports map[int]bool
+}
+
+func newScheduler(ctx context.Context, slots int) *scheduler {
+	s := &scheduler{ctx: ctx, slots: slots, free: slots, ports: map[int]bool{}}
+	s.cond = sync.NewCond(&s.mu)
+	go func() {
+		<-ctx.Done()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.cond.Broadcast()
+	}()
+	return s
+}
+
+func (s *scheduler) need(g Group) int {
+	if g.Alone {
+		return s.slots
+	}
+	return 1
+}
+
+// take waits until one of the pending jobs can start, takes its slots and
+// ports and returns its index in pending: the first in order that fits, so
+// a group waiting for a port does not hold back the groups after it. It
+// returns false when the run is cancelled.
+func (s *scheduler) take(pending []int, jobs []job) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.ctx.Err() == nil {
+		for k, i := range pending {
+			g := jobs[i].group
+			if s.need(g) > s.free || slices.ContainsFunc(g.HostPorts, func(p int) bool { return s.ports[p] }) {
+				continue
+			}
+			s.free -= s.need(g)
+			for _, p := range g.HostPorts {
+				s.ports[p] = true
+			}
+			return k, true
+		}
+		s.cond.Wait()
+	}
+	return 0, false
+}
+
+// release gives back what an ended group took.
+func (s *scheduler) release(g Group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free += s.need(g)
+	for _, p := range g.HostPorts {
+		delete(s.ports, p)
+	}
+	s.cond.Broadcast()
 }
 
 // groupDone matches the line a runner prints when a group ends.

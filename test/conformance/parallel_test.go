@@ -50,6 +50,20 @@ func init() {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	// PortA holds a host port until its sibling PortB starts beside it
+	// (what a scheduler blind to ports does) or the port-free group Other
+	// has run and ended beside it (a scheduler that let PortB's wait hold
+	// back the groups after it would have PortA give up after 30 s).
+	if group == "PortA" {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			data, _ := os.ReadFile(events)
+			if strings.Contains(string(data), "start PortB") || strings.Contains(string(data), "end Other") {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	record("end")
 	if group == "Broken" {
 		os.Exit(3)
@@ -217,6 +231,48 @@ func TestRunParallelRunsAnAloneGroupWithNoOther(t *testing.T) {
 	}
 	if last := evs[len(evs)-1]; last.group != "Quiet" || last.what != "end" {
 		t.Errorf("the run ended with %s %s, want Quiet's end (the longest group, alone, goes last)", last.what, last.group)
+	}
+}
+
+// Two groups that listen on the same host port (Chaos's specs start a
+// manager on :8080) never run at once, and the one waiting does not hold
+// back the groups after it.
+func TestRunParallelKeepsGroupsOnOnePortApart(t *testing.T) {
+	out := t.TempDir()
+	events := filepath.Join(out, "events")
+	jobs := []job{
+		{mode: ModeMachineDeployment, group: Group{Suite: "regression", Name: "PortA", Minutes: 20, HostPorts: []int{8080}}, want: []string{"PortA works"}},
+		{mode: ModeMachine, group: Group{Suite: "regression", Name: "PortB", Minutes: 19, HostPorts: []int{8080}}, want: []string{"PortB works"}},
+		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Other", Minutes: 1}, want: []string{"Other works"}},
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{OutDir: out, Parallel: 3, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
+		return cmd
+	}}
+	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, func(string, ...any) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Summary != (Summary{Passed: 3}) {
+		t.Fatalf("summary %+v, want 3 passed", r.Summary)
+	}
+	var order []string
+	running := map[string]bool{}
+	for _, e := range readEvents(t, events) {
+		order = append(order, e.what+" "+e.group)
+		if e.what == "start" && e.group == "PortB" && running["PortA"] {
+			t.Errorf("PortB started while PortA held port 8080")
+		}
+		running[e.group] = e.what == "start"
+	}
+	want := "start PortA, start Other, end Other, end PortA, start PortB, end PortB"
+	if got := strings.Join(order, ", "); got != want {
+		t.Errorf("the children ran as %q, want %q", got, want)
 	}
 }
 
