@@ -245,6 +245,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		p.takeovers.endBind(claim)
 		if err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				log.FromContext(ctx).V(1).Info("binding again in a second", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim, "reason", err.Error())
 				later(time.Second)
 				continue
 			}
@@ -448,20 +449,47 @@ func (c *Controller) newestMachineSet(ctx context.Context, md *clusterv1.Machine
 // Node since the cache's read from being bound (found by the model test).
 func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
 	// The patch carries the resourceVersion the binding was decided on: a
-	// Machine that got a Node since (the cache lags) is not bound (a conflict; the next pass decides on a fresh read).
-	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if m.Labels == nil {
-		m.Labels = map[string]string{}
+	// Machine that got a Node since (the cache lags) is not bound as read.
+	// Cluster API writes a new Machine every few seconds while it boots
+	// (finalizers, references, status) and a loaded hub's cache lags by as
+	// much, so a binding decided on the cache may conflict pass after pass
+	// until the instance has booted and its Node waits unregistered for it
+	// (a conformance run bound one 20 s after its Machine was made, its
+	// siblings in 5, and the pods its Node was for went elsewhere). On a
+	// conflict the Machine is read again from the API server and, if it is
+	// still bindable (unbound, unmarked, the same Machine, no Node but one
+	// awaiting registration), patched at once on that read.
+	key := client.ObjectKeyFromObject(m)
+	for attempt := 1; ; attempt++ {
+		patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		if m.Labels == nil {
+			m.Labels = map[string]string{}
+		}
+		if m.Annotations == nil {
+			m.Annotations = map[string]string{}
+		}
+		m.Labels[v1alpha1.KarpenterMemberLabel] = ""
+		m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
+		err := c.provider.hub.GetClient().Patch(ctx, m, patch)
+		if err == nil {
+			break
+		}
+		err = fmt.Errorf("binding Machine %s to NodeClaim %s: %w", key, claim, err)
+		if !apierrors.IsConflict(err) || attempt >= bindAttempts {
+			return err
+		}
+		uid := m.UID
+		fresh := &clusterv1.Machine{}
+		if gerr := c.provider.hub.GetAPIReader().Get(ctx, key, fresh); gerr != nil {
+			return fmt.Errorf("%w; reading it again: %w", err, gerr)
+		}
+		if fresh.UID != uid || !c.bindable(ctx, fresh) {
+			log.FromContext(ctx).V(1).Info("not binding a Machine that changed since the cache's read", "Machine", key, "NodeClaim", claim)
+			return err
+		}
+		m = fresh
 	}
-	if m.Annotations == nil {
-		m.Annotations = map[string]string{}
-	}
-	m.Labels[v1alpha1.KarpenterMemberLabel] = ""
-	m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
-	if err := c.provider.hub.GetClient().Patch(ctx, m, patch); err != nil {
-		return fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
-	}
-	c.provider.recent.add(claim, m.Namespace+"/"+m.Name, c.provider.now())
+	c.provider.recent.add(claim, key.String(), c.provider.now())
 	c.provider.inflight.Delete(claim) // the raised replica is used
 	failpoint.Crash(StepBind)
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)

@@ -38,6 +38,9 @@ const (
 	// bindSkew tolerates clock skew between this process and the hub API
 	// server when telling Machines created for a claim from older ones.
 	bindSkew = 10 * time.Second
+	// bindAttempts is how many times one pass patches a Machine it binds
+	// when Cluster API wrote it in between (each after a live read).
+	bindAttempts = 3
 	// OrphanGrace is how long a pending replica or a bound Machine may exist
 	// without its NodeClaim before it is given back or released.
 	OrphanGrace = 30 * time.Second

@@ -360,3 +360,43 @@ func TestAReservationAKeptReleasedMachineStandsInForIsNotLost(t *testing.T) {
 		t.Errorf("cheap has %d replicas, %d live Machines, owns %d: want 1, 1, 1 (c's); a replica passed to no one", r, live, n)
 	}
 }
+
+// Not a seed: Cluster API writes a new Machine every few seconds while it
+// boots, and a loaded hub's cache lags by as much, so a binding decided on
+// the cache can conflict pass after pass (a conformance run bound a Machine
+// 20 s after it was made, when its Node had waited unregistered for 10 s
+// and the pods it was for had gone elsewhere). A binding that conflicts is
+// decided again on a live read, in the same pass.
+func TestAMachineClusterAPIWritesWhileItBootsIsBoundInThePassThatFindsIt(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	_ = w.create(a) // a replica raised, no Machine yet
+	w.runMachineSets()
+	w.hub.Sync()
+	w.hub.SetLag(true)
+	// Cluster API's next write (the instance's providerID) lands after the
+	// cache's read.
+	w.runInfrastructure()
+	w.reconcile()
+	w.noFailures(t)
+	m := w.machineOf(a)
+	if m == nil {
+		t.Fatalf("NodeClaim %s has no Machine after the pass that found its Machine (the binding conflicted and waited for another pass)", a)
+	}
+	// A Machine whose Node was registered since the cache's read is not
+	// bound on the live read either (the optimistic lock's purpose).
+	b := w.newClaim()
+	_ = w.create(b)
+	w.hub.SetLag(false)
+	w.runMachineSets()
+	w.hub.Sync()
+	w.hub.SetLag(true)
+	w.runInfrastructure() // providerID
+	w.runInfrastructure() // a Node, which the spoke shows running: not awaiting registration
+	w.reconcile()
+	w.noFailures(t)
+	if m := w.machineOf(b); m != nil {
+		t.Errorf("NodeClaim %s bound to Machine %s, whose Node runs (it got one since the cache's read)", b, m.Name)
+	}
+}
