@@ -82,12 +82,18 @@ func TestGinkgoFilters(t *testing.T) {
 		if ciNodeClaim.Matches("regression", text) || !nodeClaim.Matches("regression", text) {
 			t.Errorf("%q: in the CI subset %t, in the group %t; want false, true", text, ciNodeClaim.Matches("regression", text), nodeClaim.Matches("regression", text))
 		}
-		if _, na := notApplicable("regression", text, ModeMachine); na {
-			t.Errorf("%q: not applicable in Machine mode, which passes the NodeClaim's labels to the kubelet", text)
+		if reason, na := notApplicable("regression", text, ModeMachineDeployment); !na || reason != registrationReason {
+			t.Errorf("%q: in MachineDeployment mode not applicable %t (%q), want for the registration reason", text, na, reason)
 		}
-		if _, na := notApplicable("regression", text, ModeMachineDeployment); !na {
-			t.Errorf("%q: applicable in MachineDeployment mode", text)
-		}
+	}
+	// Machine mode passes the NodeClaim's labels to the kubelet, so the
+	// registration timeout spec runs there; the garbage-collection spec
+	// races its own status write with a launch that takes seconds.
+	if _, na := notApplicable("regression", registration[0], ModeMachine); na {
+		t.Errorf("%q: not applicable in Machine mode, which passes the NodeClaim's labels to the kubelet", registration[0])
+	}
+	if reason, na := notApplicable("regression", registration[1], ModeMachine); !na || reason != createRaceReason {
+		t.Errorf("%q: in Machine mode not applicable %t (%q), want for the launch race", registration[1], na, reason)
 	}
 	if !ciNodeClaim.Matches("regression", "NodeClaim StandaloneNodeClaim should create a standard NodeClaim") {
 		t.Error("the StandaloneNodeClaim CI subset lost its other specs")
