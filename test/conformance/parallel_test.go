@@ -179,8 +179,6 @@ func TestRunParallelMergesChildrenInOrder(t *testing.T) {
 // A group that runs alone starts after every other group has ended,
 // however long it is, and no group runs beside it.
 func TestRunParallelRunsAnAloneGroupWithNoOther(t *testing.T) {
-	out := t.TempDir()
-	events := filepath.Join(out, "events")
 	g := func(name string, minutes int, alone bool) Group {
 		return Group{Suite: "disruption", Name: name, Minutes: minutes, Alone: alone}
 	}
@@ -190,23 +188,10 @@ func TestRunParallelRunsAnAloneGroupWithNoOther(t *testing.T) {
 		{mode: ModeMachine, group: g("Second", 4, false), want: []string{"Second works"}},
 		{mode: ModeMachine, group: g("Third", 3, false), want: []string{"Third works"}},
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := Options{OutDir: out, Parallel: 3, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
-		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
-		return cmd
-	}}
-	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, func(string, ...any) {})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, evs := runFakeChildren(t, jobs, 3)
 	if r.Summary != (Summary{Passed: 4}) {
 		t.Fatalf("summary %+v, want 4 passed", r.Summary)
 	}
-	evs := readEvents(t, events)
 	running := map[string]bool{}
 	others := 0
 	for _, e := range evs {
@@ -238,32 +223,18 @@ func TestRunParallelRunsAnAloneGroupWithNoOther(t *testing.T) {
 // manager on :8080) never run at once, and the one waiting does not hold
 // back the groups after it.
 func TestRunParallelKeepsGroupsOnOnePortApart(t *testing.T) {
-	out := t.TempDir()
-	events := filepath.Join(out, "events")
 	jobs := []job{
 		{mode: ModeMachineDeployment, group: Group{Suite: "regression", Name: "PortA", Minutes: 20, HostPorts: []int{8080}}, want: []string{"PortA works"}},
 		{mode: ModeMachine, group: Group{Suite: "regression", Name: "PortB", Minutes: 19, HostPorts: []int{8080}}, want: []string{"PortB works"}},
 		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Other", Minutes: 1}, want: []string{"Other works"}},
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := Options{OutDir: out, Parallel: 3, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
-		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
-		return cmd
-	}}
-	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, func(string, ...any) {})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, evs := runFakeChildren(t, jobs, 3)
 	if r.Summary != (Summary{Passed: 3}) {
 		t.Fatalf("summary %+v, want 3 passed", r.Summary)
 	}
 	var order []string
 	running := map[string]bool{}
-	for _, e := range readEvents(t, events) {
+	for _, e := range evs {
 		order = append(order, e.what+" "+e.group)
 		if e.what == "start" && e.group == "PortB" && running["PortA"] {
 			t.Errorf("PortB started while PortA held port 8080")
@@ -274,6 +245,29 @@ func TestRunParallelKeepsGroupsOnOnePortApart(t *testing.T) {
 	if got := strings.Join(order, ", "); got != want {
 		t.Errorf("the children ran as %q, want %q", got, want)
 	}
+}
+
+// runFakeChildren runs jobs with runParallel, each job a fake child (this
+// test binary), at most parallel at once, and returns the report and the
+// children's records in time order.
+func runFakeChildren(t *testing.T, jobs []job, parallel int) (*Report, []childEvent) {
+	t.Helper()
+	out := t.TempDir()
+	events := filepath.Join(out, "events")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{OutDir: out, Parallel: parallel, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
+		return cmd
+	}}
+	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, func(string, ...any) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, readEvents(t, events)
 }
 
 // childEvent is one line a fake child recorded: when it started or ended.
