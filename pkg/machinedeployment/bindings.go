@@ -244,7 +244,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		err = c.bind(ctx, m, claim)
 		p.takeovers.endBind(claim)
 		if err != nil {
-			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			if changedSinceRead(err) || apierrors.IsNotFound(err) {
 				log.FromContext(ctx).V(1).Info("binding again in a second", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim, "reason", err.Error())
 				later(time.Second)
 				continue
@@ -445,37 +445,30 @@ func (c *Controller) newestMachineSet(ctx context.Context, md *clusterv1.Machine
 // bind labels and annotates a Machine as the NodeClaim's. Only this
 // controller binds (one leader, one reconcile per MachineDeployment at a
 // time) and recent bindings are remembered until the cache shows them, so
-// nothing binds concurrently; the optimistic lock keeps a Machine that got a
-// Node since the cache's read from being bound (found by the model test).
+// nothing binds concurrently; the patch's preconditions (bindPatch) keep a
+// Machine that got a Node, a mark or another binding since the read from
+// being bound (found by the model test).
 func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string) error {
-	// The patch carries the resourceVersion the binding was decided on: a
-	// Machine that got a Node since (the cache lags) is not bound as read.
-	// Cluster API writes a new Machine every few seconds while it boots
-	// (finalizers, references, status) and a loaded hub's cache lags by as
-	// much, so a binding decided on the cache may conflict pass after pass
-	// until the instance has booted and its Node waits unregistered for it
-	// (a conformance run bound one 20 s after its Machine was made, its
-	// siblings in 5, and the pods its Node was for went elsewhere). On a
-	// conflict the Machine is read again from the API server and, if it is
-	// still bindable (unbound, unmarked, the same Machine, no Node but one
-	// awaiting registration), patched at once on that read.
+	// The binding is decided on the cache, which lags a loaded hub by
+	// seconds. When the Machine is not as read any more, it is read again
+	// from the API server and, if it is still bindable (unbound, unmarked,
+	// the same Machine, no Node but one awaiting registration), patched at
+	// once on that read, up to bindAttempts times in one pass: a binding
+	// that waits for the next pass leaves its Node waiting unregistered
+	// while the pods it was made for go elsewhere (conformance runs bound
+	// Machines 5-20 s late so).
 	key := client.ObjectKeyFromObject(m)
 	for attempt := 1; ; attempt++ {
-		patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if m.Labels == nil {
-			m.Labels = map[string]string{}
+		patch, err := bindPatch(m, claim)
+		if err != nil {
+			return fmt.Errorf("binding Machine %s to NodeClaim %s: %w", key, claim, err)
 		}
-		if m.Annotations == nil {
-			m.Annotations = map[string]string{}
-		}
-		m.Labels[v1alpha1.KarpenterMemberLabel] = ""
-		m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
-		err := c.provider.hub.GetClient().Patch(ctx, m, patch)
+		err = c.provider.hub.GetClient().Patch(ctx, m, patch)
 		if err == nil {
 			break
 		}
 		err = fmt.Errorf("binding Machine %s to NodeClaim %s: %w", key, claim, err)
-		if !apierrors.IsConflict(err) || attempt >= bindAttempts {
+		if !changedSinceRead(err) || attempt >= bindAttempts {
 			return err
 		}
 		uid := m.UID

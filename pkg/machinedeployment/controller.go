@@ -39,7 +39,8 @@ const (
 	// server when telling Machines created for a claim from older ones.
 	bindSkew = 10 * time.Second
 	// bindAttempts is how many times one pass patches a Machine it binds
-	// when Cluster API wrote it in between (each after a live read).
+	// when the Machine changed since the read in what the binding decides
+	// on (each after a live read).
 	bindAttempts = 3
 	// OrphanGrace is how long a pending replica or a bound Machine may exist
 	// without its NodeClaim before it is given back or released.

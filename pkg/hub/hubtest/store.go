@@ -270,7 +270,7 @@ func (s *Store) Update(_ context.Context, obj client.Object, _ ...client.UpdateO
 }
 
 func (s *Store) Patch(_ context.Context, obj client.Object, patch client.Patch, _ ...client.PatchOption) error {
-	if patch.Type() != types.MergePatchType {
+	if patch.Type() != types.MergePatchType && patch.Type() != types.JSONPatchType {
 		panic(fmt.Sprintf("hubtest: patch type %s", patch.Type()))
 	}
 	data, err := patch.Data(obj)
@@ -283,6 +283,9 @@ func (s *Store) Patch(_ context.Context, obj client.Object, patch client.Patch, 
 	stored, ok := s.objs[gvk][client.ObjectKeyFromObject(obj)]
 	if !ok {
 		return s.notFound(gvk, obj.GetName())
+	}
+	if patch.Type() == types.JSONPatchType {
+		return s.applyJSONPatch(gvk, stored, data, obj)
 	}
 	// A resourceVersion in the patch is a precondition (optimistic lock).
 	var lock struct {
@@ -349,4 +352,35 @@ func (s *Store) GroupVersionKindFor(obj runtime.Object) (schema.GroupVersionKind
 }
 func (s *Store) IsObjectNamespaced(obj runtime.Object) (bool, error) {
 	return apiutil.IsObjectNamespaced(obj, s.scheme, s.mapper)
+}
+
+// applyJSONPatch applies a JSON patch (RFC 6902) as the API server does:
+// with the same library semantics (a test for null passes on an absent
+// member), a failed test or a missing path answered 422 Invalid with the
+// library's message, and status left as stored (the main resource's
+// endpoint ignores status changes). The caller holds s.mu.
+func (s *Store) applyJSONPatch(gvk schema.GroupVersionKind, stored client.Object, data []byte, obj client.Object) error {
+	p, err := jsonpatch.DecodePatch(data)
+	if err != nil {
+		return apierrors.NewBadRequest(err.Error())
+	}
+	current, err := json.Marshal(stored)
+	if err != nil {
+		return err
+	}
+	patched, err := p.Apply(current)
+	if err != nil {
+		return apierrors.NewGenericServerResponse(422, "", schema.GroupResource{}, "", err.Error(), 0, false)
+	}
+	t, err := s.scheme.New(gvk)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(patched, t); err != nil {
+		return err
+	}
+	if st := reflect.ValueOf(stored).Elem().FieldByName("Status"); st.IsValid() {
+		reflect.ValueOf(t).Elem().FieldByName("Status").Set(st)
+	}
+	return s.put(gvk, stored, t.(client.Object), obj)
 }

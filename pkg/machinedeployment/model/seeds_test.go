@@ -385,7 +385,7 @@ func TestAMachineClusterAPIWritesWhileItBootsIsBoundInThePassThatFindsIt(t *test
 		t.Fatalf("NodeClaim %s has no Machine after the pass that found its Machine (the binding conflicted and waited for another pass)", a)
 	}
 	// A Machine whose Node was registered since the cache's read is not
-	// bound on the live read either (the optimistic lock's purpose).
+	// bound on the live read either (the bind patch's nodeRef precondition).
 	b := w.newClaim()
 	_ = w.create(b)
 	w.hub.SetLag(false)
