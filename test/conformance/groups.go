@@ -62,6 +62,9 @@ type Group struct {
 	// BootDelay is how long a launched instance takes to boot and register
 	// (the world's ProvisionDelay; world.DefaultProvisionDelay when zero).
 	BootDelay time.Duration
+	// ReadyDelay is how long a registered Node reports NotReady before it
+	// is Ready (the world's NodeReadyDelay; Ready at once when zero).
+	ReadyDelay time.Duration
 	// Alone makes a run with -parallel start the group after every other
 	// group of the run has ended and start no other beside it: its specs
 	// need writes the suite makes one after another to land close
@@ -132,7 +135,7 @@ var Groups = []Group{
 	// Chaos world its Start failed and the spec panicked in a goroutine.
 	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `, Minutes: 11, HostPorts: []int{8080}},
 	{Suite: "regression", Name: "Performance", Focus: `^Performance `, Minutes: 20},
-	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `, Minutes: 3},
+	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `, Minutes: 5, ReadyDelay: 30 * time.Second},
 	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, Minutes: 10, CI: true, CIModes: []Mode{ModeMachine},
 		// Budgets, grace periods and drain order wait minutes each (9.5 min for the group).
 		CISkip: `Emptiness|TerminationGracePeriod|in order`},

@@ -52,7 +52,7 @@ func startGroupWorld(ctx context.Context, mode Mode, g Group, providerBin, dir s
 	if err != nil {
 		return nil, err
 	}
-	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig, Zones: Zones, ProvisionDelay: g.BootDelay})
+	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig, Zones: Zones, ProvisionDelay: g.BootDelay, NodeReadyDelay: g.ReadyDelay})
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,8 @@ const (
 //   - registers a Node when an instance runs (once: like a real kubelet it
 //     does not re-register a Node someone deleted), with the cloud labels,
 //     providerID, bootstrap taints and labels, capacity and allocatable;
-//   - posts Ready and heartbeats, renews the Node Lease, and removes the
+//   - posts Ready (after Options.NodeReadyDelay of NotReady) and
+//     heartbeats, renews the Node Lease, and removes the
 //     node.kubernetes.io/not-ready taint TaintNodesByCondition admission adds;
 //   - runs the Pods bound to its Nodes (Running, Ready, podIP; a container
 //     with a readiness or startup probe never becomes ready: a simulated
@@ -72,6 +73,9 @@ type simKubelet struct {
 	terminating map[types.UID]time.Time
 	nextPodIP   int
 	events      chan event.GenericEvent
+	// readyDelay is how long a Node reports NotReady after registering
+	// (Options.NodeReadyDelay); nil: Ready at once.
+	readyDelay func() time.Duration
 }
 
 // instanceSource is the cloud whose instances the simulated kubelet runs:
@@ -202,7 +206,13 @@ func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (
 	k.registered[name] = true
 	k.mu.Unlock()
 
-	if err := k.postStatus(ctx, node, in, boot); err != nil {
+	// A real node reports NotReady for a while after registering, until
+	// its network plugin runs; the API server's clock dates the Node.
+	var notReadyFor time.Duration
+	if k.readyDelay != nil {
+		notReadyFor = k.readyDelay() - time.Since(node.CreationTimestamp.Time)
+	}
+	if err := k.postStatus(ctx, node, in, boot, notReadyFor <= 0); err != nil {
 		return reconcile.Result{}, err
 	}
 	if err := k.removeNotReadyTaint(ctx, node); err != nil {
@@ -210,6 +220,9 @@ func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (
 	}
 	if err := k.renewLease(ctx, node); err != nil {
 		return reconcile.Result{}, err
+	}
+	if notReadyFor > 0 && notReadyFor < NodeLeaseRenewInterval {
+		return reconcile.Result{RequeueAfter: notReadyFor}, nil
 	}
 	return reconcile.Result{RequeueAfter: NodeLeaseRenewInterval}, nil
 }
@@ -243,7 +256,7 @@ func (k *simKubelet) newNode(in Instance, boot BootstrapData) *corev1.Node {
 	}
 }
 
-func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Instance, boot BootstrapData) error {
+func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Instance, boot BootstrapData, ready bool) error {
 	it := InstanceTypes[in.Type]
 	desired := node.Status.DeepCopy()
 	desired.Capacity = NodeCapacity(it, boot.KubeletArgs)
@@ -266,7 +279,7 @@ func (k *simKubelet) postStatus(ctx context.Context, node *corev1.Node, in Insta
 		Architecture:            it.Arch,
 	}
 	desired.Phase = ""
-	desired.Conditions = readyConditions(node.Status.Conditions)
+	desired.Conditions = kubeletConditions(node.Status.Conditions, ready)
 	if equalJSON(desired, &node.Status) {
 		return nil
 	}

@@ -100,10 +100,23 @@ func (k *simKubelet) kwokPodHost(ctx context.Context, nodeName string) (string, 
 // readyConditions are a healthy kubelet's Node conditions, keeping the
 // times of those that did not change (and the heartbeat while fresh).
 func readyConditions(old []corev1.NodeCondition) []corev1.NodeCondition {
+	return kubeletConditions(old, true)
+}
+
+// kubeletConditions are a kubelet's Node conditions, Ready or not (a
+// kubelet whose network plugin has not started yet reports NotReady with
+// the reason kubelets give), keeping the times of those that did not change
+// (and the heartbeat while fresh).
+func kubeletConditions(old []corev1.NodeCondition, ready bool) []corev1.NodeCondition {
 	now := metav1.Now()
+	readyStatus, readyReason, readyMessage := corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status"
+	if !ready {
+		readyStatus, readyReason = corev1.ConditionFalse, "KubeletNotReady"
+		readyMessage = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"
+	}
 	stale := true
 	for _, c := range old {
-		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && now.Sub(c.LastHeartbeatTime.Time) < NodeStatusReportInterval {
+		if c.Type == corev1.NodeReady && c.Status == readyStatus && now.Sub(c.LastHeartbeatTime.Time) < NodeStatusReportInterval {
 			stale = false
 		}
 	}
@@ -116,7 +129,7 @@ func readyConditions(old []corev1.NodeCondition) []corev1.NodeCondition {
 		{corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "kubelet has sufficient memory available"},
 		{corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"},
 		{corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "kubelet has sufficient PID available"},
-		{corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status"},
+		{corev1.NodeReady, readyStatus, readyReason, readyMessage},
 	} {
 		nc := corev1.NodeCondition{Type: c.t, Status: c.s, Reason: c.reason, Message: c.detail, LastHeartbeatTime: now, LastTransitionTime: now}
 		for _, o := range old {

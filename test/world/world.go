@@ -64,6 +64,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -130,6 +131,10 @@ type Options struct {
 	// profiles; its clientConnection.kubeconfig and leader election are the
 	// world's.
 	KubeSchedulerConfig []byte
+	// NodeReadyDelay is how long a simulated Node reports NotReady after its
+	// kubelet registered it, as a real node does while its network plugin
+	// starts (default 0: Ready at once).
+	NodeReadyDelay time.Duration
 }
 
 // AuditedGroup is the group whose users' requests the hub's API server
@@ -173,8 +178,11 @@ type World struct {
 	logFile  *os.File
 	// schedulerConfig is Options.KubeSchedulerConfig.
 	schedulerConfig []byte
-	stopOnce        sync.Once
-	stopErr         error
+	// nodeReadyDelay is Options.NodeReadyDelay, or SetNodeReadyDelay's
+	// (nanoseconds).
+	nodeReadyDelay atomic.Int64
+	stopOnce       sync.Once
+	stopErr        error
 }
 
 // WorkloadCluster is a Cluster of the world, in the world's Namespace, and
@@ -219,6 +227,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		BootstrapSecretName: o.ClusterName + "-bootstrap",
 		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
 	}
+	w.nodeReadyDelay.Store(int64(o.NodeReadyDelay))
 	if o.CAPA == nil {
 		w.AWS = newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay)
 		w.instances = w.AWS
@@ -307,7 +316,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		}
 		managers = append(managers, awsMgr)
 	}
-	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), log.WithName("kubelet"))
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, log.WithName("kubelet"))
 	if err != nil {
 		return w, err
 	}
@@ -408,9 +417,15 @@ func newAWSManager(cfg *rest.Config, aws *SimAWS, log logr.Logger) (ctrl.Manager
 	return mgr, aws.setupWithManager(mgr)
 }
 
+// SetNodeReadyDelay sets how long Nodes registered from now on report
+// NotReady after registering (Options.NodeReadyDelay).
+func (w *World) SetNodeReadyDelay(d time.Duration) { w.nodeReadyDelay.Store(int64(d)) }
+
+func (w *World) readyDelay() time.Duration { return time.Duration(w.nodeReadyDelay.Load()) }
+
 // newSpokeManager runs the simulated kubelet of the Cluster's instances
 // against its workload cluster.
-func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, log logr.Logger) (ctrl.Manager, error) {
+func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, readyDelay func() time.Duration, log logr.Logger) (ctrl.Manager, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
@@ -426,7 +441,9 @@ func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.Namespa
 	if err != nil {
 		return nil, err
 	}
-	return mgr, newSimKubelet(aws, cluster).setupWithManager(mgr)
+	k := newSimKubelet(aws, cluster)
+	k.readyDelay = readyDelay
+	return mgr, k.setupWithManager(mgr)
 }
 
 // waitWebhooksActive waits until the hub's API server calls the defaulting
@@ -612,7 +629,7 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 	if wc.SpokeKubeconfig, err = spoke.WriteKubeconfig(w.Dir); err != nil {
 		return nil, err
 	}
-	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.log.WithName("kubelet-"+name))
+	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.readyDelay, w.log.WithName("kubelet-"+name))
 	if err != nil {
 		return nil, err
 	}

@@ -76,6 +76,68 @@ func TestWorld(t *testing.T) {
 	t.Run("KubeadmBootstrapProvider", func(t *testing.T) { testKubeadmBootstrap(ctx, t, w) })
 	t.Run("HubAPIServerOutage", func(t *testing.T) { testHubOutage(ctx, t, w) })
 	t.Run("SecondCluster", func(t *testing.T) { testSecondCluster(ctx, t, w) })
+	t.Run("NodeReadyDelay", func(t *testing.T) { testNodeReadyDelay(ctx, t, w) })
+}
+
+// testNodeReadyDelay: with a NodeReadyDelay a registered Node reports
+// NotReady, as a kubelet whose network plugin has not started does, and
+// keeps the not-ready taint (no Pod is scheduled there) for that long, then
+// turns Ready.
+func testNodeReadyDelay(ctx context.Context, t *testing.T, w *world.World) {
+	hub, spoke := w.Hub.Client, w.Spoke.Client
+	const delay = 8 * time.Second
+	w.SetNodeReadyDelay(delay)
+	defer w.SetNodeReadyDelay(0)
+	md := environment.NewMachineDeployment(environment.MachineDeploymentOptions{
+		Namespace: w.Namespace, Name: "md-ready-delay", ClusterName: w.ClusterName, InfraTemplate: "m5-large", Replicas: 1,
+	})
+	if err := hub.Create(ctx, md); err != nil {
+		t.Fatal(err)
+	}
+	var node corev1.Node
+	waitFor(ctx, t, 60*time.Second, "a registered Node", func(ctx context.Context) (bool, string, error) {
+		ns, err := simulatedNodes(ctx, spoke)
+		if err != nil || len(ns) != 1 {
+			return false, fmt.Sprintf("%d Nodes", len(ns)), err
+		}
+		node = ns[0]
+		return len(node.Status.Conditions) > 0, "no conditions yet", nil
+	})
+	if young := time.Since(node.CreationTimestamp.Time); young < delay-2*time.Second {
+		var ready *corev1.NodeCondition
+		for i := range node.Status.Conditions {
+			if node.Status.Conditions[i].Type == corev1.NodeReady {
+				ready = &node.Status.Conditions[i]
+			}
+		}
+		if ready == nil || ready.Status != corev1.ConditionFalse || ready.Reason != "KubeletNotReady" {
+			t.Errorf("Node %s %s after registering: Ready condition %+v, want False (KubeletNotReady)", node.Name, young, ready)
+		}
+		if !hasTaint(&node, corev1.TaintNodeNotReady) {
+			t.Errorf("Node %s NotReady without the %s taint: %v", node.Name, corev1.TaintNodeNotReady, node.Spec.Taints)
+		}
+	} else {
+		t.Fatalf("first saw Node %s %s after it registered: too late to see it NotReady", node.Name, young)
+	}
+	waitFor(ctx, t, 60*time.Second, "the Node Ready", func(ctx context.Context) (bool, string, error) {
+		if err := spoke.Get(ctx, client.ObjectKeyFromObject(&node), &node); err != nil {
+			return false, "", err
+		}
+		return nodeReady(&node) && !hasTaint(&node, corev1.TaintNodeNotReady), fmt.Sprintf("conditions %v, taints %v", node.Status.Conditions, node.Spec.Taints), nil
+	})
+	for _, c := range node.Status.Conditions {
+		// Times have a second's resolution.
+		if c.Type == corev1.NodeReady && c.LastTransitionTime.Sub(node.CreationTimestamp.Time) < delay-time.Second {
+			t.Errorf("Node %s Ready %s after registering, want %s", node.Name, c.LastTransitionTime.Sub(node.CreationTimestamp.Time), delay)
+		}
+	}
+	if err := hub.Delete(ctx, md); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(ctx, t, 90*time.Second, "the Node gone", func(ctx context.Context) (bool, string, error) {
+		ns, err := simulatedNodes(ctx, spoke)
+		return len(ns) == 0, fmt.Sprintf("%d Nodes", len(ns)), err
+	})
 }
 
 func testTerminateInstance(ctx context.Context, t *testing.T, w *world.World) {
