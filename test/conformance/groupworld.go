@@ -34,6 +34,17 @@ const FeatureGates = "StaticCapacity=true,SpotToSpotConsolidation=false,NodeRepa
 // does); a production setting would be minutes.
 const RepairCondition = "KernelDeadlock=True"
 
+// ImagePullDelay is how long a fresh node of every group's world takes to
+// pull an image before it starts the first Pod that runs it (once per image
+// and node): a real node pulls every image of its first Pods, a second or
+// so each for the small images the suites run. Starting them at once let a
+// Drift spec read a Node before Karpenter had initialized it, while its Pod
+// already ran, and the spec's update of that read (ExpectUpdated forces the
+// current resourceVersion) removed the karpenter.sh/initialized label core
+// had set since: the node was never a disruption candidate again (Machine
+// mode, 2026-11-27, docs/conformance.md).
+const ImagePullDelay = 2 * time.Second
+
 // groupWorld is one group's fresh world: the e2e world, the fleet of the
 // mode, the system node running the karpenter Deployment, and the suites'
 // default NodeClass and NodePool files.
@@ -52,7 +63,7 @@ func startGroupWorld(ctx context.Context, mode Mode, g Group, providerBin, dir s
 	if err != nil {
 		return nil, err
 	}
-	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig, Zones: Zones, ProvisionDelay: g.BootDelay, NodeReadyDelay: g.ReadyDelay})
+	w, err := world.Start(ctx, world.Options{KubeSchedulerConfig: schedulerConfig, Zones: Zones, ProvisionDelay: g.BootDelay, NodeReadyDelay: g.ReadyDelay, ImagePullDelay: ImagePullDelay})
 	if err != nil {
 		return nil, err
 	}

@@ -52,7 +52,9 @@ const (
 //   - posts Ready (after Options.NodeReadyDelay of NotReady) and
 //     heartbeats, renews the Node Lease, and removes the
 //     node.kubernetes.io/not-ready taint TaintNodesByCondition admission adds;
-//   - runs the Pods bound to its Nodes (Running, Ready, podIP; a container
+//   - runs the Pods bound to its Nodes once their images are pulled
+//     (Options.ImagePullDelay, once per image and Node) (Running, Ready,
+//     podIP; a container
 //     with a readiness or startup probe never becomes ready: a simulated
 //     container serves nothing, so every probe a real kubelet would send it
 //     fails, as against the pause image) and finishes
@@ -76,6 +78,12 @@ type simKubelet struct {
 	// readyDelay is how long a Node reports NotReady after registering
 	// (Options.NodeReadyDelay); nil: Ready at once.
 	readyDelay func() time.Duration
+	// pullDelay is how long a Node takes to pull an image it has not run
+	// yet (Options.ImagePullDelay); nil: at once.
+	pullDelay func() time.Duration
+	// pulls are when each Node started pulling each image (node -> image
+	// -> start), guarded by mu.
+	pulls map[string]map[string]time.Time
 }
 
 // instanceSource is the cloud whose instances the simulated kubelet runs:
@@ -166,6 +174,7 @@ func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (
 				return reconcile.Result{}, err
 			}
 		}
+		k.forgetPulls(name)
 		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: nodeLeaseNS, Name: name}}
 		if err := k.client.Delete(ctx, lease); client.IgnoreNotFound(err) != nil {
 			return reconcile.Result{}, err
@@ -368,6 +377,9 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || podStarted(pod) {
 		return reconcile.Result{}, nil
 	}
+	if wait := k.pulling(pod); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
 	now := metav1.Now()
 	k.mu.Lock()
 	k.nextPodIP++
@@ -426,6 +438,51 @@ func (k *simKubelet) reconcilePod(ctx context.Context, req reconcile.Request) (r
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, nil
+}
+
+// pulling returns how long the Pod's Node still pulls the Pod's images: a
+// fresh node has none of them, and its kubelet starts a Pod's containers
+// only once every image is there (the Pod is ContainerCreating meanwhile).
+// An image is pulled once per Node, as a kubelet's image cache keeps it.
+func (k *simKubelet) pulling(pod *corev1.Pod) time.Duration {
+	if k.pullDelay == nil {
+		return 0
+	}
+	delay := k.pullDelay()
+	if delay <= 0 {
+		return 0
+	}
+	now := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.pulls == nil {
+		k.pulls = map[string]map[string]time.Time{}
+	}
+	images := k.pulls[pod.Spec.NodeName]
+	if images == nil {
+		images = map[string]time.Time{}
+		k.pulls[pod.Spec.NodeName] = images
+	}
+	var wait time.Duration
+	for _, c := range append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		started, ok := images[c.Image]
+		if !ok {
+			started = now
+			images[c.Image] = now
+		}
+		if left := delay - now.Sub(started); left > wait {
+			wait = left
+		}
+	}
+	return wait
+}
+
+// forgetPulls drops a Node's image cache: a new instance under the same
+// name starts with none.
+func (k *simKubelet) forgetPulls(node string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.pulls, node)
 }
 
 // terminationStart is when the kubelet first saw the Pod deleted.

@@ -135,6 +135,10 @@ type Options struct {
 	// kubelet registered it, as a real node does while its network plugin
 	// starts (default 0: Ready at once).
 	NodeReadyDelay time.Duration
+	// ImagePullDelay is how long a simulated Node takes to pull an image it
+	// has not run yet before it starts a Pod's containers (default 0: at
+	// once). A real node pulls every image of its first Pods.
+	ImagePullDelay time.Duration
 }
 
 // AuditedGroup is the group whose users' requests the hub's API server
@@ -181,6 +185,8 @@ type World struct {
 	// nodeReadyDelay is Options.NodeReadyDelay, or SetNodeReadyDelay's
 	// (nanoseconds).
 	nodeReadyDelay atomic.Int64
+	// imagePullDelay is Options.ImagePullDelay (nanoseconds).
+	imagePullDelay atomic.Int64
 	stopOnce       sync.Once
 	stopErr        error
 }
@@ -228,6 +234,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
 	}
 	w.nodeReadyDelay.Store(int64(o.NodeReadyDelay))
+	w.imagePullDelay.Store(int64(o.ImagePullDelay))
 	if o.CAPA == nil {
 		w.AWS = newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay)
 		w.instances = w.AWS
@@ -316,7 +323,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		}
 		managers = append(managers, awsMgr)
 	}
-	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, log.WithName("kubelet"))
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, w.pullDelay, log.WithName("kubelet"))
 	if err != nil {
 		return w, err
 	}
@@ -423,9 +430,15 @@ func (w *World) SetNodeReadyDelay(d time.Duration) { w.nodeReadyDelay.Store(int6
 
 func (w *World) readyDelay() time.Duration { return time.Duration(w.nodeReadyDelay.Load()) }
 
+// SetImagePullDelay sets how long a Node takes to pull an image it has not
+// run yet (Options.ImagePullDelay).
+func (w *World) SetImagePullDelay(d time.Duration) { w.imagePullDelay.Store(int64(d)) }
+
+func (w *World) pullDelay() time.Duration { return time.Duration(w.imagePullDelay.Load()) }
+
 // newSpokeManager runs the simulated kubelet of the Cluster's instances
 // against its workload cluster.
-func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, readyDelay func() time.Duration, log logr.Logger) (ctrl.Manager, error) {
+func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, readyDelay, pullDelay func() time.Duration, log logr.Logger) (ctrl.Manager, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
@@ -442,7 +455,7 @@ func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.Namespa
 		return nil, err
 	}
 	k := newSimKubelet(aws, cluster)
-	k.readyDelay = readyDelay
+	k.readyDelay, k.pullDelay = readyDelay, pullDelay
 	return mgr, k.setupWithManager(mgr)
 }
 
@@ -629,7 +642,7 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 	if wc.SpokeKubeconfig, err = spoke.WriteKubeconfig(w.Dir); err != nil {
 		return nil, err
 	}
-	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.readyDelay, w.log.WithName("kubelet-"+name))
+	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.readyDelay, w.pullDelay, w.log.WithName("kubelet-"+name))
 	if err != nil {
 		return nil, err
 	}

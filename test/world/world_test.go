@@ -82,7 +82,8 @@ func TestWorld(t *testing.T) {
 // testNodeReadyDelay: with a NodeReadyDelay a registered Node reports
 // NotReady, as a kubelet whose network plugin has not started does, and
 // keeps the not-ready taint (no Pod is scheduled there) for that long, then
-// turns Ready.
+// turns Ready; with an ImagePullDelay its first Pod of an image waits for
+// the pull.
 func testNodeReadyDelay(ctx context.Context, t *testing.T, w *world.World) {
 	hub, spoke := w.Hub.Client, w.Spoke.Client
 	const delay = 8 * time.Second
@@ -130,6 +131,38 @@ func testNodeReadyDelay(ctx context.Context, t *testing.T, w *world.World) {
 		if c.Type == corev1.NodeReady && c.LastTransitionTime.Sub(node.CreationTimestamp.Time) < delay-time.Second {
 			t.Errorf("Node %s Ready %s after registering, want %s", node.Name, c.LastTransitionTime.Sub(node.CreationTimestamp.Time), delay)
 		}
+	}
+	// With an ImagePullDelay the Node's first Pod of an image starts once
+	// the image is pulled; the next Pod of that image starts at once.
+	const pull = 4 * time.Second
+	w.SetImagePullDelay(pull)
+	defer w.SetImagePullDelay(0)
+	start := func(name string) time.Duration {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: corev1.PodSpec{NodeName: node.Name,
+				Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}}},
+		}
+		if err := spoke.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(ctx, t, 60*time.Second, "Pod "+name+" running", func(ctx context.Context) (bool, string, error) {
+			if err := spoke.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+				return false, "", err
+			}
+			return pod.Status.Phase == corev1.PodRunning, string(pod.Status.Phase), nil
+		})
+		if err := spoke.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
+			t.Error(err)
+		}
+		return pod.Status.StartTime.Sub(pod.CreationTimestamp.Time)
+	}
+	// Times have a second's resolution.
+	if took := start("first-of-its-image"); took < pull-time.Second {
+		t.Errorf("the Node's first Pod of an image started %s after it was created, want the pull's %s", took, pull)
+	}
+	if took := start("second-of-its-image"); took >= pull-time.Second {
+		t.Errorf("a Pod whose image the Node has started %s after it was created: pulled again", took)
 	}
 	if err := hub.Delete(ctx, md); err != nil {
 		t.Fatal(err)
