@@ -65,6 +65,10 @@ type Group struct {
 	// ReadyDelay is how long a registered Node reports NotReady before it
 	// is Ready (the world's NodeReadyDelay; Ready at once when zero).
 	ReadyDelay time.Duration
+	// Slots is how many of a -parallel run's slots the group takes (1 when
+	// zero): fewer worlds run beside a group whose specs allow core only
+	// seconds for a step, without serializing it as Alone does.
+	Slots int
 	// Alone makes a run with -parallel start the group after every other
 	// group of the run has ended and start no other beside it: its specs
 	// need writes the suite makes one after another to land close
@@ -134,7 +138,7 @@ var Groups = []Group{
 	// taint adder) with the default metrics address, :8080; beside another
 	// Chaos world its Start failed and the spec panicked in a goroutine.
 	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `, Minutes: 11, HostPorts: []int{8080}},
-	{Suite: "regression", Name: "Performance", Focus: `^Performance `, Minutes: 20},
+	{Suite: "regression", Name: "Performance", Focus: `^Performance `, Minutes: 20, Slots: 2},
 	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `, Minutes: 5, ReadyDelay: 30 * time.Second},
 	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, Minutes: 10, CI: true, CIModes: []Mode{ModeMachine},
 		// Budgets, grace periods and drain order wait minutes each (9.5 min for the group).

@@ -36,11 +36,16 @@ func runParallel(ctx context.Context, o Options, r *Report, jobs []job, say func
 		}
 	}
 	// Groups that run alone go last, so the others share the machine
-	// first; among each, the longest first.
+	// first; groups that take several slots go first, while the slots are
+	// free (later they would wait for several to come free at once); among
+	// each, the longest first.
 	sort.SliceStable(order, func(a, b int) bool {
 		ga, gb := jobs[order[a]].group, jobs[order[b]].group
 		if ga.Alone != gb.Alone {
 			return gb.Alone
+		}
+		if sa, sb := max(ga.Slots, 1), max(gb.Slots, 1); sa != sb {
+			return sa > sb
 		}
 		return ga.Minutes > gb.Minutes
 	})
@@ -148,7 +153,7 @@ func (s *scheduler) need(g Group) int {
 	if g.Alone {
 		return s.slots
 	}
-	return 1
+	return min(max(g.Slots, 1), s.slots)
 }
 
 // take waits until one of the pending jobs can start, takes its slots and

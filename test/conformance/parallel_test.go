@@ -64,6 +64,19 @@ func init() {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	// Wide takes two of three slots and Big the third: both wait (3 s at
+	// most) for Other to start beside them, which only a scheduler blind
+	// to Wide's slots lets happen.
+	if group == "Wide" || group == "Big" {
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			data, _ := os.ReadFile(events)
+			if strings.Contains(string(data), "start Other") {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	record("end")
 	if group == "Broken" {
 		os.Exit(3)
@@ -244,6 +257,35 @@ func TestRunParallelKeepsGroupsOnOnePortApart(t *testing.T) {
 	want := "start PortA, start Other, end Other, end PortA, start PortB, end PortB"
 	if got := strings.Join(order, ", "); got != want {
 		t.Errorf("the children ran as %q, want %q", got, want)
+	}
+}
+
+// A group that takes two slots runs beside one other group at most in a run
+// of three, and starts first.
+func TestRunParallelGivesAGroupTheSlotsItTakes(t *testing.T) {
+	jobs := []job{
+		{mode: ModeMachineDeployment, group: Group{Suite: "regression", Name: "Big", Minutes: 30}, want: []string{"Big works"}},
+		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Other", Minutes: 19}, want: []string{"Other works"}},
+		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Wide", Minutes: 20, Slots: 2}, want: []string{"Wide works"}},
+	}
+	r, evs := runFakeChildren(t, jobs, 3)
+	if r.Summary != (Summary{Passed: 3}) {
+		t.Fatalf("summary %+v, want 3 passed", r.Summary)
+	}
+	slots := map[string]int{"Big": 1, "Other": 1, "Wide": 2}
+	used := 0
+	for i, e := range evs {
+		if i == 0 && (e.what != "start" || e.group != "Wide") {
+			t.Errorf("first event %s %s, want the group taking two slots to start first", e.what, e.group)
+		}
+		if e.what == "start" {
+			used += slots[e.group]
+		} else {
+			used -= slots[e.group]
+		}
+		if used > 3 {
+			t.Errorf("%d slots in use after %s %s, the run has 3", used, e.what, e.group)
+		}
 	}
 }
 
