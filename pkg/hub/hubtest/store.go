@@ -356,9 +356,10 @@ func (s *Store) IsObjectNamespaced(obj runtime.Object) (bool, error) {
 
 // applyJSONPatch applies a JSON patch (RFC 6902) as the API server does:
 // with the same library semantics (a test for null passes on an absent
-// member), a failed test or a missing path answered 422 Invalid with the
-// library's message, and status left as stored (the main resource's
-// endpoint ignores status changes). The caller holds s.mu.
+// member), a failed test or a missing path answered as the API server
+// answers it (422 Invalid, a generic message, no causes), and status left as
+// stored (the main resource's endpoint ignores status changes). The caller
+// holds s.mu.
 func (s *Store) applyJSONPatch(gvk schema.GroupVersionKind, stored client.Object, data []byte, obj client.Object) error {
 	p, err := jsonpatch.DecodePatch(data)
 	if err != nil {
