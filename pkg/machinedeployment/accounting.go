@@ -73,7 +73,8 @@ type usage struct {
 	live int32
 	// victims are unbound Machines, not being deleted, that a replica can
 	// be given back with, best first: those this provider marked for that
-	// already, then those not marked by anyone (see sortVictims).
+	// already and the MachineSet kept, then those not marked by anyone
+	// (see sortVictims).
 	victims []*clusterv1.Machine
 	// released are bound Machines whose replica was given back and that
 	// are not being deleted yet.
@@ -81,10 +82,20 @@ type usage struct {
 }
 
 // measure counts the Machines of a MachineDeployment against its pending
-// and released bookkeeping. newest is the name of its MachineSet that
-// matches its template ("" when unknown); skip leaves out Machines that are
-// being bound.
-func measure(machines []clusterv1.Machine, pending map[string]time.Time, released map[string]bool, newest string, skip func(*clusterv1.Machine) bool) usage {
+// and released bookkeeping. replicas is its spec.replicas; newest is the
+// name of its MachineSet that matches its template ("" when unknown); skip
+// leaves out Machines that are being bound.
+//
+// A Machine marked for a give-back is a victim again only once its
+// MachineSet has settled (no more live Machines than replicas): then the
+// MachineSet kept it (a raise came as it was marked) and the next give-back
+// takes it. Before that, its own give-back is still being carried out: the
+// MachineSet is about to remove it, and a second give-back with the same
+// Machine would leave the MachineSet one more Machine to remove by its own
+// order, maybe a bound one (e2e RollingUpdate drift: two spare replicas
+// given back with one Machine, and the MachineSet deleted a running
+// node's Machine for the second).
+func measure(machines []clusterv1.Machine, pending map[string]time.Time, released map[string]bool, replicas int32, newest string, skip func(*clusterv1.Machine) bool) usage {
 	var u usage
 	var marked, unmarked []*clusterv1.Machine
 	for i := range machines {
@@ -109,6 +120,9 @@ func measure(machines []clusterv1.Machine, pending map[string]time.Time, release
 		} else if spareMarked(m) {
 			marked = append(marked, m)
 		}
+	}
+	if u.live > replicas {
+		marked = nil
 	}
 	sortVictims(marked, newest)
 	sortVictims(unmarked, newest)

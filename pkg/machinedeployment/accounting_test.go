@@ -133,7 +133,8 @@ func TestMeasureCountsBoundAndOrdersVictims(t *testing.T) {
 	}
 	machines = append(machines, machineAt("bound-pending", t0, "claim-c", "", true, "new"))
 	pending := map[string]time.Time{"claim-c": t0}
-	u := measure(machines, pending, map[string]bool{"released": true}, "new", func(m *clusterv1.Machine) bool { return m.Name == "binding" })
+	binding := func(m *clusterv1.Machine) bool { return m.Name == "binding" }
+	u := measure(machines, pending, map[string]bool{"released": true}, 10, "new", binding)
 	if u.bound != 1 || u.live != 10 {
 		t.Fatalf("bound %d live %d, want 1 (claim-c counts as pending) and 10", u.bound, u.live)
 	}
@@ -155,6 +156,18 @@ func TestMeasureCountsBoundAndOrdersVictims(t *testing.T) {
 	}
 	if v := pickVictim(u.victims, map[string]bool{"ours": true}, t0.Add(90*time.Second)); v == nil || v.Name != "new-node" {
 		t.Fatalf("pickVictim after t0+90s: %v, want new-node", v)
+	}
+	// Replicas below the live Machines: the MachineSet has yet to remove
+	// one, the marked Machine first. Its give-back is under way, so it is
+	// no victim for another.
+	u = measure(machines, pending, map[string]bool{"released": true}, 9, "new", binding)
+	if v := pickVictim(u.victims, nil, time.Time{}); v == nil || v.Name != "outdated" {
+		t.Fatalf("pickVictim while the MachineSet removes the marked Machine: %v, want outdated", v)
+	}
+	for _, m := range u.victims {
+		if m.Name == "ours" {
+			t.Fatalf("victims %v include the Machine whose give-back the MachineSet has yet to carry out", u.victims)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -82,7 +83,7 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 	}
 
 	recentlyBound := func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) }
-	use := measure(machines.Items, pendingBefore, released, newest, recentlyBound)
+	use := measure(machines.Items, pendingBefore, released, ptr.Deref(md.Spec.Replicas, 0), newest, recentlyBound)
 	// debt > 0: owned replicas no NodeClaim uses and none held (a
 	// Karpenter Machine was deleted by someone else); < 0: NodeClaims hold
 	// more than is counted.

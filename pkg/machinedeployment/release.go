@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -175,7 +176,7 @@ func (p *Provider) markGiveBackVictim(ctx context.Context, md *clusterv1.Machine
 	if ms := newestOf(md, sets); ms != nil {
 		newest = ms.Name
 	}
-	use := measure(machines.Items, pending, released, newest, func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) })
+	use := measure(machines.Items, pending, released, ptr.Deref(md.Spec.Replicas, 0), newest, func(m *clusterv1.Machine) bool { return p.recent.machineBound(m.Namespace + "/" + m.Name) })
 	if victim := pickVictim(use.victims, nil, since.Add(-bindSkew)); victim != nil {
 		return p.markSpare(ctx, victim)
 	}

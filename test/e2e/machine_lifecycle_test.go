@@ -213,7 +213,9 @@ func TestMachineModeCrashAtEachLaunchStep(t *testing.T) {
 }
 
 // logSpokeEvents logs the workload cluster's events about objects whose name
-// starts with prefix, and Karpenter's disruption events, to explain a failure.
+// starts with prefix (the test's NodePool, its NodeClaims and Nodes), to
+// explain a failure. Other tests' objects are left out: the world is shared
+// and their events would bury the failure.
 func logSpokeEvents(t testing.TB, prefix string) {
 	t.Helper()
 	events := &corev1.EventList{}
@@ -222,7 +224,7 @@ func logSpokeEvents(t testing.TB, prefix string) {
 		return
 	}
 	for _, e := range events.Items {
-		if strings.HasPrefix(e.InvolvedObject.Name, prefix) || strings.Contains(e.Reason, "Disrupt") {
+		if strings.HasPrefix(e.InvolvedObject.Name, prefix) {
 			t.Logf("event %s %s/%s: %s %s", e.Type, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
 		}
 	}
@@ -306,4 +308,38 @@ func TestMachineModeGarbageCollection(t *testing.T) {
 	if ok, err := gone(foreign); err != nil || ok {
 		t.Fatalf("a Machine without the member label was deleted (gone=%v, err=%v)", ok, err)
 	}
+}
+
+// logHubMachines logs the MachineDeployment's Machines and MachineSets as
+// the provider sees them (MachineSet, binding, Node, phase, deletion), to
+// explain a failure.
+func logHubMachines(t testing.TB, mdName string) {
+	t.Helper()
+	ctx := context.Background()
+	md := &clusterv1.MachineDeployment{}
+	if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: mdName}, md); err == nil {
+		t.Logf("MachineDeployment %s: replicas %v, annotations %v", md.Name, ptrValue(md.Spec.Replicas), md.Annotations)
+	}
+	sets := &clusterv1.MachineSetList{}
+	if err := w.Hub.Client.List(ctx, sets, client.InNamespace(w.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: mdName}); err == nil {
+		for _, s := range sets.Items {
+			t.Logf("MachineSet %s: template %s, replicas %v, deleting %v", s.Name, s.Spec.Template.Spec.InfrastructureRef.Name, ptrValue(s.Spec.Replicas), !s.DeletionTimestamp.IsZero())
+		}
+	}
+	ms := &clusterv1.MachineList{}
+	if err := w.Hub.Client.List(ctx, ms, client.InNamespace(w.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: mdName}); err != nil {
+		t.Logf("listing Machines: %v", err)
+		return
+	}
+	for _, m := range ms.Items {
+		t.Logf("Machine %s: set %s, phase %s, node %q, deleting %v, annotations %v, created %s",
+			m.Name, m.Labels[clusterv1.MachineSetNameLabel], m.Status.Phase, m.Status.NodeRef.Name, !m.DeletionTimestamp.IsZero(), m.Annotations, m.CreationTimestamp.Format("15:04:05"))
+	}
+}
+
+func ptrValue[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }

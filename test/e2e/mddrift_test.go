@@ -176,14 +176,21 @@ func testMachineDeploymentDrift(t *testing.T, strategy clusterv1.MachineDeployme
 		if err != nil {
 			return false, err
 		}
-		last = fmt.Sprintf("on new template %d, on old %d, ready pods %d; %s", onNew, onOld, ready, c)
+		now := fmt.Sprintf("on new template %d, on old %d, ready pods %d; %s", onNew, onOld, ready, c)
+		if now != last {
+			// The timeline of the replacement: where a slow one spent its time.
+			t.Logf("%6s %s", time.Since(start).Round(100*time.Millisecond), now)
+		}
+		last = now
 		return onNew == replicas && onOld == 0 && ready == replicas && c.NodeClaims == replicas && c.BoundMachines == replicas &&
 			c.Machines == replicas && c.Replicas == replicas && c.Pending == 0, nil
 	})
 	stopWatch()
 	watchDone.Wait()
 	if err != nil {
+		t.Logf("nodes not all on the new template: %v (last: %s)", err, last)
 		logSpokeEvents(t, name)
+		logHubMachines(t, name)
 		t.Fatalf("nodes not all on the new template: %v (last: %s)", err, last)
 	}
 	mu.Lock()

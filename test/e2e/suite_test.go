@@ -66,7 +66,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "the provider panicked during the tests (\"Observed a panic\" in its log)")
 		code = 1
 	}
-	if code != 0 {
+	if code != 0 || os.Getenv("E2E_KEEP_LOGS") != "" {
 		w.KeepDir = true
 		fmt.Fprintf(os.Stderr, "logs: provider %s; world %v\n", provider.LogPath, w.LogFiles())
 		if os.Getenv("E2E_KEEP_LOGS") == "" {
