@@ -15,6 +15,7 @@ import (
 
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -400,8 +401,14 @@ func create(t *testing.T, tg *target, c Case) *karpv1.NodeClaim {
 			return created
 		}
 		var ce *corecloudprovider.CreateError
-		if !errors.As(err, &ce) && !strings.Contains(err.Error(), "launching") || time.Now().After(deadline) {
+		if !errors.As(err, &ce) && !strings.Contains(err.Error(), "launching") && !transient(err) || time.Now().After(deadline) {
 			t.Fatalf("Create: %v", err)
+		}
+		if transient(err) {
+			// Core retries a Create that failed on a slow hub; so does
+			// this, and says so (CI at 16abb96: two raises timed out on a
+			// hub shared by 186 cases beside the e2e suites).
+			t.Logf("Create failed on the hub, retrying as core would: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -475,3 +482,10 @@ func contains(list []int, x int) bool {
 }
 
 func strptr(s string) *string { return &s }
+
+// transient reports whether a Create error is the hub's slowness (a write
+// that outlasted its timeout, a server timeout, throttling) rather than a
+// decision of the provider's: Karpenter core retries such a Create.
+func transient(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err)
+}
