@@ -361,16 +361,16 @@ func (w *world) checkSettled() {
 	}
 }
 
-// checkLoweredWithMarks: invariant 7 (checked where the world sets
-// strictMarks; see the design doc for the paths that still break it). A
-// replica the provider lowers goes
+// checkLoweredWithMarks: invariant 7. A replica the provider lowers goes
 // with a Machine of its own, marked (or being deleted) before the write: the
 // write never leaves the MachineSet more Machines to remove by its own order
 // than it had before (it removes deleting and marked Machines first, then
 // Node-less ones, then any, a bound running node among them). Found by the
 // e2e RollingUpdate drift: two spare replicas were given back with one
 // Machine, and the MachineSet deleted a running node's Machine for the
-// second.
+// second. Checked only where the world sets strictMarks, and only on writes
+// made without a deficit (others' replicas not below zero); the design doc
+// lists the paths that still break it.
 func (w *world) checkLoweredWithMarks(md string, before, after int32) {
 	var all, marks int32
 	var names []string
