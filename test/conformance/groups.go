@@ -74,6 +74,12 @@ type Group struct {
 	// need writes the suite makes one after another to land close
 	// together, which a machine loaded by other worlds does not give.
 	Alone bool
+	// Urgent gives the group's world and suite the CPU first in a -parallel
+	// run: the runners of the groups without it run niced (nice 10, about a
+	// ninth of the CPU weight of a process at 0), so a step its specs give
+	// core seconds for gets them on a machine loaded by other worlds. Unlike
+	// Alone and Slots it keeps no other group waiting.
+	Urgent bool
 	// HostPorts are TCP ports on the host the suite itself listens on while
 	// the group runs (not the world's, which are free ports picked at
 	// start): two groups holding one of the same never run at once.
@@ -138,7 +144,7 @@ var Groups = []Group{
 	// taint adder) with the default metrics address, :8080; beside another
 	// Chaos world its Start failed and the spec panicked in a goroutine.
 	{Suite: "regression", Name: "Chaos", Focus: `^Chaos `, Minutes: 11, HostPorts: []int{8080}},
-	{Suite: "regression", Name: "Performance", Focus: `^Performance `, Minutes: 20, Slots: 2},
+	{Suite: "regression", Name: "Performance", Focus: `^Performance `, Minutes: 20, Slots: 2, Urgent: true},
 	{Suite: "regression", Name: "DefaultTopologySpreadConstraints", Focus: `^DefaultTopologySpreadConstraints `, Minutes: 5, ReadyDelay: 30 * time.Second},
 	{Suite: "disruption", Name: "Termination", Focus: `^Termination `, Minutes: 10, CI: true, CIModes: []Mode{ModeMachine},
 		// Budgets, grace periods and drain order wait minutes each (9.5 min for the group).

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -225,6 +226,11 @@ func runChild(ctx context.Context, o Options, j job, worldUp func(), say func(st
 	}
 	defer logFile.Close()
 	cmd := o.Child(j.mode, j.group, dir)
+	if !j.group.Urgent {
+		if err := niced(cmd, backgroundNice); err != nil {
+			say("runs at normal priority: %v", err)
+		}
+	}
 	// Its own process group, so that a signal from the terminal reaches the
 	// parent only, which stops the children in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
@@ -285,6 +291,24 @@ func runChild(ctx context.Context, o Options, j job, worldUp func(), say func(st
 		return failAll(fmt.Errorf("the group's runner ended without a report (%v); see %s", runErr, filepath.Join(dir, "runner.log")))
 	}
 	return child.Groups, child.Specs
+}
+
+// backgroundNice is the niceness of the runners of groups that are not
+// Urgent (Group.Urgent).
+const backgroundNice = 10
+
+// niced makes cmd run under nice(1) at niceness n. nice(1) execs the
+// program, so the process is the same one (its PID, its process group), and
+// every thread and process it starts inherits the niceness; setpriority(2)
+// on a Go process already running would set it for one of its threads only.
+func niced(cmd *exec.Cmd, n int) error {
+	path, err := exec.LookPath("nice")
+	if err != nil {
+		return fmt.Errorf("finding nice(1): %w", err)
+	}
+	cmd.Args = append([]string{path, "-n", strconv.Itoa(n), cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = path
+	return nil
 }
 
 // trimChildPrefix drops what the child's progress line says of the mode and

@@ -35,6 +35,9 @@ func init() {
 		}
 	}
 	record("start")
+	if n, err := ownNice(); err == nil {
+		_ = os.WriteFile(filepath.Join(out, "nice"), []byte(strconv.Itoa(n)), 0o644)
+	}
 	fmt.Printf("[1s] %s mode (1/1), group %s/%s (1/1): world up in 1s (/tmp/fake); running 1 specs\n", mode, suite, group)
 	fmt.Printf("[1s] %s mode (1/1), group %s/%s (1/1): 1/1 specs done\n", mode, suite, group)
 	// The two longest (started first) wait for each other: a scheduler
@@ -333,4 +336,73 @@ func readEvents(t *testing.T, events string) []childEvent {
 	}
 	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
 	return evs
+}
+
+// ownNice reads this process's niceness from /proc (field 19 of its stat).
+func ownNice() (int, error) {
+	data, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("no command name in %q", data)
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 17 {
+		return 0, fmt.Errorf("short stat %q", data)
+	}
+	return strconv.Atoi(fields[16])
+}
+
+// An Urgent group's runner runs at the parent's priority and every other
+// group's runner ten steps nicer, with the process the scheduler waits on
+// (the child writes its report, the parent reads it) being the same one.
+func TestRunParallelGivesAnUrgentGroupTheCPUFirst(t *testing.T) {
+	base, err := ownNice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base >= 19 {
+		t.Skipf("the test itself runs at niceness %d, the lowest priority: nothing is nicer", base)
+	}
+	out := t.TempDir()
+	events := filepath.Join(out, "events")
+	jobs := []job{
+		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Hurried", Minutes: 2, Urgent: true}, want: []string{"Hurried works"}},
+		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Patient", Minutes: 1}, want: []string{"Patient works"}},
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{OutDir: out, Parallel: 2, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
+		return cmd
+	}}
+	var progress bytes.Buffer
+	var mu sync.Mutex
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(&progress, format+"\n", args...)
+	}
+	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, say)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Summary != (Summary{Passed: 2}) {
+		t.Fatalf("summary %+v, want both passed:\n%s", r.Summary, progress.String())
+	}
+	for name, want := range map[string]int{"Hurried": base, "Patient": min(base+backgroundNice, 19)} {
+		data, err := os.ReadFile(filepath.Join(out, "parallel", "machine-regression-"+name, "nice"))
+		if err != nil {
+			t.Fatalf("group %s's runner did not record its niceness: %v", name, err)
+		}
+		if got, _ := strconv.Atoi(string(data)); got != want {
+			t.Errorf("group %s's runner ran at niceness %d, want %d (the test's own is %d)", name, got, want, base)
+		}
+	}
 }
