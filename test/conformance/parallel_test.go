@@ -297,7 +297,13 @@ func TestRunParallelGivesAGroupTheSlotsItTakes(t *testing.T) {
 // children's records in time order.
 func runFakeChildren(t *testing.T, jobs []job, parallel int) (*Report, []childEvent) {
 	t.Helper()
-	out := t.TempDir()
+	return runFakeChildrenIn(t, t.TempDir(), jobs, parallel)
+}
+
+// runFakeChildrenIn is runFakeChildren with the run's output directory
+// given: the children's directories are under out/parallel.
+func runFakeChildrenIn(t *testing.T, out string, jobs []job, parallel int) (*Report, []childEvent) {
+	t.Helper()
 	events := filepath.Join(out, "events")
 	self, err := os.Executable()
 	if err != nil {
@@ -368,33 +374,13 @@ func TestRunParallelGivesAnUrgentGroupTheCPUFirst(t *testing.T) {
 		t.Skipf("the test itself runs at niceness %d, the lowest priority: nothing is nicer", base)
 	}
 	out := t.TempDir()
-	events := filepath.Join(out, "events")
 	jobs := []job{
 		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Hurried", Minutes: 2, Urgent: true}, want: []string{"Hurried works"}},
 		{mode: ModeMachine, group: Group{Suite: "regression", Name: "Patient", Minutes: 1}, want: []string{"Patient works"}},
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := Options{OutDir: out, Parallel: 2, Child: func(mode Mode, gr Group, dir string) *exec.Cmd {
-		cmd := exec.Command(self, "-test.run=^$")
-		cmd.Env = append(os.Environ(), fakeChildEnv+"="+strings.Join([]string{string(mode), gr.Suite, gr.Name, dir, events}, "|"))
-		return cmd
-	}}
-	var progress bytes.Buffer
-	var mu sync.Mutex
-	say := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Fprintf(&progress, format+"\n", args...)
-	}
-	r, err := runParallel(context.Background(), o, &Report{Started: time.Now()}, jobs, say)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, _ := runFakeChildrenIn(t, out, jobs, 2)
 	if r.Summary != (Summary{Passed: 2}) {
-		t.Fatalf("summary %+v, want both passed:\n%s", r.Summary, progress.String())
+		t.Fatalf("summary %+v, want both passed", r.Summary)
 	}
 	for name, want := range map[string]int{"Hurried": base, "Patient": min(base+backgroundNice, 19)} {
 		data, err := os.ReadFile(filepath.Join(out, "parallel", "machine-regression-"+name, "nice"))
