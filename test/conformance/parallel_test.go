@@ -392,3 +392,16 @@ func TestRunParallelGivesAnUrgentGroupTheCPUFirst(t *testing.T) {
 		}
 	}
 }
+
+// The groups whose specs must bring up 100 nodes within a fixed time
+// (Performance, Utilization) are the urgent ones; the rest are not, or
+// niceness would buy nothing.
+func TestScaleGroupsAreUrgent(t *testing.T) {
+	want := map[string]bool{"regression/Performance": true, "regression/Utilization": true}
+	for _, g := range Groups {
+		id := g.Suite + "/" + g.Name
+		if g.Urgent != want[id] {
+			t.Errorf("group %s: Urgent is %v, want %v", id, g.Urgent, want[id])
+		}
+	}
+}
