@@ -127,11 +127,13 @@ var Groups = []Group{
 	{Suite: "regression", Name: "CRDHash", Focus: `^Integration CRD Hash `, Minutes: 1, CI: true, CIModes: []Mode{ModeMachineDeployment}},
 	{Suite: "regression", Name: "DaemonSet", Focus: `^Integration DaemonSet `, Minutes: 5},
 	// Utilization has 100 pods run on 100 nodes within 10 minutes: 2.2
-	// minutes on an idle machine, 10-12 beside seven other worlds, so close
-	// to the limit that it failed in both modes in one full run (the world's
-	// Cluster API Machine reconciles, starved, ran past their 1-minute
-	// timeout and launches queued behind them). Urgent, as Performance.
-	{Suite: "regression", Name: "Utilization", Focus: `^Integration Utilization `, Minutes: 2, Urgent: true},
+	// minutes on an idle machine, 10-12 beside seven other worlds, and it
+	// failed in both modes in two full runs (2026-11-28), the second with
+	// Urgent: two 100-node worlds at once are more than 2 cores carry. The
+	// world's Cluster API Machine reconciles ran past their 1-minute timeout,
+	// launches queued behind them past core's 5-minute launch timeout, and
+	// the 100 nodes took more than the cleanup's 5 minutes to go.
+	{Suite: "regression", Name: "Utilization", Focus: `^Integration Utilization `, Minutes: 2, Alone: true},
 	{Suite: "regression", Name: "DoNotDisrupt", Focus: `^Integration DoNotDisrupt `, Minutes: 4},
 	{Suite: "regression", Name: "StandaloneNodeClaim", Focus: `^NodeClaim StandaloneNodeClaim `, Minutes: 18, CI: true,
 		// Nodes that never register wait for core's 15-minute registration timeout or its garbage collection.
