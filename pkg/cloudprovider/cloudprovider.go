@@ -112,9 +112,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if err := c.notDeleting(ctx, nodeClaim); err != nil {
 		return nil, err
 	}
-	choose := func(set *instancetype.Set) (instancetype.Source, error) {
-		return cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
-	}
+	choose := c.chooser(ctx, nodeClaim)
 	var launched *launch.Launched
 	err = c.throughHubOutage(ctx, func() error {
 		var err error
@@ -179,6 +177,24 @@ func (c *CloudProvider) notDeleting(ctx context.Context, nodeClaim *karpv1.NodeC
 		return fmt.Errorf("NodeClaim %s: %w", nodeClaim.Name, errNodeClaimDeleting)
 	}
 	return nil
+}
+
+// chooser returns the launch.Choose of a NodeClaim: the cheapest offering,
+// asked for each time a mode is about to launch a new Machine (the first,
+// and again after each failed launch). A NodeClaim core deleted meanwhile
+// is launched no further: core's 5-minute launch timeout deletes a
+// NodeClaim whose Create is still waiting for its instance, and a fallback
+// launch then made another Machine for it and held the Create (and with it
+// core's cluster state, unsynced while a NodeClaim has no providerID, and
+// all provisioning) for minutes more (conformance run F, Machine mode,
+// regression/Utilization).
+func (c *CloudProvider) chooser(ctx context.Context, nodeClaim *karpv1.NodeClaim) launch.Choose {
+	return func(set *instancetype.Set) (instancetype.Source, error) {
+		if err := c.notDeleting(ctx, nodeClaim); err != nil {
+			return instancetype.Source{}, err
+		}
+		return cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
+	}
 }
 
 // throughHubOutage runs launch, and again each time the hub answers after

@@ -10,6 +10,8 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 )
 
 // A NodeClaim Karpenter deleted (its launch timeout) while a Create was on
@@ -41,5 +43,31 @@ func TestCreateRefusesANodeClaimBeingDeleted(t *testing.T) {
 	}
 	if err := c.notDeleting(ctx, live); err != nil {
 		t.Errorf("live NodeClaim: %v", err)
+	}
+}
+
+// A launch that falls back asks Choose for the next offering: for a
+// NodeClaim core deleted while the failed launch waited (its launch
+// timeout), the answer is no, so no new Machine is made for it
+// (conformance run F: one such fallback held core's cluster state unsynced
+// for minutes).
+func TestChooseRefusesANodeClaimDeletedMeanwhile(t *testing.T) {
+	created := metav1.NewTime(time.Now().Add(-6 * time.Minute))
+	nc := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "claim", UID: "u1", CreationTimestamp: created,
+		Finalizers: []string{karpv1.TerminationFinalizer}}}
+	kube := fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(nc.DeepCopy()).Build()
+	c := &CloudProvider{kubeClient: kube}
+	ctx := context.Background()
+	choose := c.chooser(ctx, nc.DeepCopy())
+
+	// Live: the choice is the set's (here empty: no offering fits).
+	if _, err := choose(&instancetype.Set{}); err == nil || errors.Is(err, errNodeClaimDeleting) {
+		t.Fatalf("live NodeClaim, empty set: got %v, want the set's own error", err)
+	}
+	if err := kube.Delete(ctx, nc.DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := choose(&instancetype.Set{}); !errors.Is(err, errNodeClaimDeleting) {
+		t.Errorf("NodeClaim deleted after the first launch: got %v, want %v", err, errNodeClaimDeleting)
 	}
 }

@@ -24,7 +24,8 @@ var ErrStillLaunching = errors.New("machine has no providerID yet")
 // fits, and returns the source to launch it from. It is the cloud
 // provider's (prices are what Karpenter schedules with, NodeOverlays
 // applied); a mode calls it again after marking a failed offering
-// unavailable, to fall back within one launch.
+// unavailable, to fall back within one launch. It fails for a NodeClaim
+// that is being deleted, so that no new Machine is made for it.
 type Choose func(*instancetype.Set) (instancetype.Source, error)
 
 // Launched is a Machine whose instance has a providerID, launched for a
