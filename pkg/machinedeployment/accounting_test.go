@@ -255,3 +255,54 @@ func TestMalformedHeldReplicasNamesTheAnnotation(t *testing.T) {
 func pendingOf(md *clusterv1.MachineDeployment) (map[string]time.Time, error) {
 	return hub.PendingNodeClaims(md)
 }
+
+// A NodeClaim whose Machine someone else deleted before it launched
+// reclaims that Machine's replica: a reservation raised at the Machine's
+// creation, no count changed. A spare give-back or forgive decided before
+// the reclaim (its read lists no such reservation) is refused at the write,
+// so the replica is not given away under the NodeClaim.
+func TestAReclaimedReplicaIsNotGivenBackUnderTheNodeClaim(t *testing.T) {
+	md := mdWith(4, "2") // two of Karpenter's, one bound Machine deleted by the MachineSet
+	decidedOn := map[string]bool{}
+	created := time.Date(2026, 11, 28, 8, 45, 26, 0, time.UTC)
+	if !apply(t, md, &op{kind: opReclaim, name: "a", since: created}) || apply(t, md, &op{kind: opReclaim, name: "a", since: time.Now()}) {
+		t.Fatal("a reclaim must apply once")
+	}
+	pending, _ := hub.PendingNodeClaims(md)
+	if !pending["a"].Equal(created) || owned(t, md) != 2 || *md.Spec.Replicas != 4 {
+		t.Fatalf("after the reclaim: pending %v, owned %d, replicas %d; want a raised at %s, 2, 4", pending, owned(t, md), *md.Spec.Replicas, created)
+	}
+	spare := &op{kind: opSpare, expect: 2, pendingAt: decidedOn}
+	if apply(t, md, spare) || !spare.reclaimed {
+		t.Fatalf("a spare give-back decided before the reclaim applied (reclaimed=%v)", spare.reclaimed)
+	}
+	if apply(t, md, &op{kind: opForgive, expect: 2, pendingAt: decidedOn}) {
+		t.Fatal("a forgive decided before the reclaim applied")
+	}
+	// Decided on a read that shows the reservation: it applies.
+	if !apply(t, md, &op{kind: opSpare, expect: 2, pendingAt: map[string]bool{"a": true}}) || owned(t, md) != 1 || *md.Spec.Replicas != 3 {
+		t.Fatalf("a give-back decided on the reclaim's read: owned %d replicas %d, want 1 and 3", owned(t, md), *md.Spec.Replicas)
+	}
+}
+
+// Stranded reservations decided in one pass on one read drop no more
+// owned replicas than someone else took away (model seed 109: eleven
+// dropped for a deficit of one, handing ten replicas to others).
+func TestLostReservationsDropNoMoreThanTheDeficit(t *testing.T) {
+	md := mdWith(2, "3") // someone lowered the replicas below Karpenter's three
+	now := time.Now()
+	apply(t, md, &op{kind: opReserve, name: "a", since: now}, &op{kind: opReserve, name: "b", since: now}, &op{kind: opReserve, name: "c", since: now})
+	md.Spec.Replicas = ptrTo(int32(4)) // 3+3 raised, then someone lowered by two: deficit of 2
+	md.Annotations[OwnedReplicasAnnotation] = "6"
+	ops := []*op{{kind: opLost, name: "a"}, {kind: opLost, name: "b"}, {kind: opLost, name: "c"}}
+	apply(t, md, ops...)
+	pending, _ := hub.PendingNodeClaims(md)
+	if owned(t, md) != 4 || *md.Spec.Replicas != 4 || len(pending) != 1 {
+		t.Fatalf("owned %d, replicas %d, pending %v: want 4, 4 and one reservation left (two lost for a deficit of two)", owned(t, md), *md.Spec.Replicas, pending)
+	}
+	if done := []bool{ops[0].done, ops[1].done, ops[2].done}; !done[0] || !done[1] || done[2] {
+		t.Fatalf("ops done %v, want the first two", done)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -158,16 +159,35 @@ func (p *Provider) rebind(ctx context.Context, md types.NamespacedName, m *clust
 	if err := p.scaler.Apply(ctx, md, &op{kind: opBound, name: gone}); err != nil {
 		return false, fmt.Errorf("dropping the reservation of NodeClaim %s, gone, on MachineDeployment %s: %w", gone, md, err)
 	}
-	patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
-	if err := p.hub.GetClient().Patch(ctx, m, patch); err != nil {
-		// Changed since the cache's read (marked, bound, deleted): the
-		// claim reserves as usual.
+	for attempt := 1; ; attempt++ {
+		patch := client.MergeFromWithOptions(m.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		m.Annotations[v1alpha1.NodeClaimAnnotation] = claim
+		err := p.hub.GetClient().Patch(ctx, m, patch)
+		if err == nil {
+			break
+		}
+		if apierrors.IsConflict(err) && attempt < bindAttempts {
+			// Changed since the cache's read: Cluster API writes a booting
+			// Machine every few seconds, and a lagging cache shows an
+			// older version. Decided again on a live read; a Machine
+			// marked, rebound, deleted or with a registered Node since
+			// is left alone (model seed 117 with the over-creating
+			// MachineSet: the successor raised a replica beside the
+			// Machine it could have adopted).
+			fresh := &clusterv1.Machine{}
+			if gerr := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), fresh); gerr == nil &&
+				fresh.UID == m.UID && fresh.Annotations[v1alpha1.NodeClaimAnnotation] == gone && p.adoptable(ctx, fresh) {
+				m = fresh
+				continue
+			}
+		}
+		// Changed since the read (marked, bound, deleted): the claim
+		// reserves as usual.
 		log.FromContext(ctx).V(1).Info("not adopting Machine", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim, "error", err.Error())
 		return false, nil
 	}
 	p.recent.forget(gone)
-	p.recent.add(claim, m.Namespace+"/"+m.Name, p.now())
+	p.recent.add(claim, m, p.now())
 	p.goneSeen.forget(gone)
 	log.FromContext(ctx).Info("adopted the Machine of a NodeClaim that went before it launched", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim, "gone", gone)
 	if p.Events != nil {

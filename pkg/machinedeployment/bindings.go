@@ -308,6 +308,14 @@ func (c *Controller) reconcileBindings(ctx context.Context, md *clusterv1.Machin
 		if settle != nil && hasOwned {
 			c.debts.decided(key, owned, now)
 		}
+		if settle != nil && settle.reclaimed && settle.marked != nil {
+			// A NodeClaim reclaimed the replica (its Machine was deleted
+			// by someone else) since the read: the Machine marked for the
+			// give-back may be bound to it.
+			if err := p.unmarkSpare(ctx, settle.marked); err != nil {
+				return 0, err
+			}
+		}
 		for _, o := range holds {
 			if o.done {
 				log.FromContext(ctx).Info("holding the replica of a NodeClaim that is gone for the next one", "MachineDeployment", key, "NodeClaim", o.name)
@@ -483,7 +491,8 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 		}
 		m = fresh
 	}
-	c.provider.recent.add(claim, key.String(), c.provider.now())
+	c.provider.recent.add(claim, m, c.provider.now())
+	c.provider.lost.forget(claim)
 	c.provider.inflight.Delete(claim) // the raised replica is used
 	failpoint.Crash(StepBind)
 	log.FromContext(ctx).V(1).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)

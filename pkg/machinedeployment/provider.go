@@ -48,6 +48,9 @@ type Provider struct {
 	// own writes never binds a second Machine to a NodeClaim, or a Machine
 	// twice.
 	recent recentBindings
+	// lost remembers Machines bound to a NodeClaim that someone else
+	// deleted before they launched, whose replicas the claims reclaim.
+	lost lostMachines
 	// takeovers coordinates binds with Launches taking the reservation of
 	// a NodeClaim that is gone.
 	takeovers takeovers
@@ -169,6 +172,11 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 				return p.waitForProviderID(ctx, claim)
 			}
 			reserve := &op{kind: opReserve, name: claim, since: p.now()}
+			if raised, ok := p.lost.reclaimable(claim, *origin, p.now()); ok {
+				// Someone else deleted the Machine bound to the claim
+				// before it launched: its replica is still the claim's.
+				reserve = &op{kind: opReclaim, name: claim, since: raised}
+			}
 			if err := p.scaler.Apply(ctx, *origin, reserve); err != nil {
 				if errors.Is(err, ErrAtMaxSize) {
 					// Refused at the write: Karpenter re-plans on another
@@ -177,6 +185,12 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 					return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, err))
 				}
 				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
+			}
+			if reserve.kind == opReclaim {
+				p.lost.forget(claim)
+				if reserve.done {
+					log.FromContext(ctx).Info("reclaimed the replica of a Machine someone else deleted before it launched", "NodeClaim", claim, "MachineDeployment", *origin)
+				}
 			}
 			if reserve.from != "" {
 				log.FromContext(ctx).Info("took over the reservation of a NodeClaim that is gone", "NodeClaim", claim, "MachineDeployment", *origin, "gone", reserve.from)
@@ -221,6 +235,9 @@ func (p *Provider) recentlyBoundAlive(ctx context.Context, claim string) (bool, 
 	case err == nil && m.DeletionTimestamp.IsZero():
 		return true, nil
 	case err == nil || apierrors.IsNotFound(err):
+		if b, ok := p.recent.binding(claim, p.now()); ok && !p.released.has(machine, p.now()) && (err != nil || !marked(m)) {
+			p.lost.add(claim, b.md, b.created, p.now())
+		}
 		p.recent.forget(claim)
 		return false, nil
 	default:
@@ -243,6 +260,9 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 			// Machine go away, the claim is raised for again.
 			p.inflight.Delete(claim)
 			if !m.DeletionTimestamp.IsZero() {
+				// Not marked by the provider (BoundMachine): someone
+				// else deleted it, and its replica is the claim's still.
+				p.lost.add(claim, types.NamespacedName{Namespace: m.Namespace, Name: m.Labels[clusterv1.MachineDeploymentNameLabel]}, m.CreationTimestamp.Time, p.now())
 				p.waiters.Forget(claim, ch)
 				return nil, fmt.Errorf("Machine %s/%s bound to NodeClaim %s is being deleted", m.Namespace, m.Name, claim)
 			}
@@ -312,10 +332,17 @@ func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.M
 	if err != nil || m == nil {
 		return nil, err
 	}
-	if _, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]; marked || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
+	if marked(m) || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
 		return nil, nil
 	}
 	return m, nil
+}
+
+// marked reports whether the Machine carries Cluster API's delete-machine
+// mark (the provider's release or spare mark, or anyone's).
+func marked(m *clusterv1.Machine) bool {
+	_, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	return ok
 }
 
 // machineSets lists the MachineSets of a MachineDeployment from the cache.

@@ -61,7 +61,18 @@ type op struct {
 	// raising one.
 	took bool
 	from string
-	// done is set by applyOps when an opHold or opGiveBackHeld changed
+	// pendingAt is the set of reservations an opSpare or opForgive was
+	// decided on: it applies only while no reservation has been added
+	// since (an opReclaim the decision's read did not show uses the
+	// replica it would give back).
+	pendingAt map[string]bool
+	// marked is the Machine an opSpare's decision marked to give the
+	// replica back with; reclaimed is set by applyOps when the opSpare was
+	// refused because a reservation added since uses the replica, so that
+	// the mark comes off (the Machine may serve that reservation).
+	marked    *clusterv1.Machine
+	reclaimed bool
+	// done is set by applyOps when an opReclaim, opLost, opHold or opGiveBackHeld changed
 	// the MachineDeployment (a retry, or one decided on a stale read,
 	// may find nothing to do).
 	done    bool
@@ -112,6 +123,13 @@ const (
 	// opGiveBackHeld gives back a held replica no reservation took:
 	// held -= name, replicas and owned minus one.
 	opGiveBackHeld
+	// opReclaim reserves for a NodeClaim the replica of the Machine bound
+	// to it that someone else deleted before it launched (lostMachines):
+	// pending += claim, raised at since (the lost Machine's creation, so a
+	// Machine made since, such as the one the MachineSet kept in its place,
+	// is bindable), replicas and owned unchanged: the replica is up and
+	// Karpenter's already.
+	opReclaim
 )
 
 // Scaler applies ops to MachineDeployments. Ops for one MachineDeployment
@@ -243,7 +261,7 @@ func (s *Scaler) write(ctx context.Context, key types.NamespacedName, batch []*o
 // reservation to take over instead of raising.
 func applyOps(md *clusterv1.MachineDeployment, batch []*op, gone *goneClaims) (bool, error) {
 	for _, o := range batch { // a retry after a conflict decides afresh
-		o.err, o.kept, o.took, o.done, o.from = nil, false, false, false, ""
+		o.err, o.kept, o.took, o.done, o.from, o.reclaimed = nil, false, false, false, "", false
 	}
 	pending, err := hub.PendingNodeClaims(md)
 	if err != nil {
@@ -319,6 +337,11 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op, gone *goneClaims) (b
 				owned++
 				changed = true
 			}
+		case opReclaim:
+			if _, ok := pending[o.name]; !ok {
+				pending[o.name] = o.since.UTC().Truncate(time.Second)
+				changed, o.done = true, true
+			}
 		case opBound:
 			if _, ok := pending[o.name]; ok {
 				delete(pending, o.name)
@@ -353,17 +376,27 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op, gone *goneClaims) (b
 			}
 		case opSpare:
 			if hasOwned && owned == o.expect && owned > 0 {
+				if reservedSince(pending, o.pendingAt) {
+					o.reclaimed = true
+					continue
+				}
 				lower(o)
 				owned--
 				changed = true
 			}
 		case opLost:
-			if _, ok := pending[o.name]; ok {
+			// Only while the replicas are still below the owned count,
+			// checked on the count this write leaves: several stranded
+			// reservations decided in one pass on one read must not drop
+			// more than someone else took away (model seed 109: eleven
+			// dropped for a deficit of one, handing ten replicas to
+			// others).
+			if _, ok := pending[o.name]; ok && (!hasOwned || replicas < owned) {
 				delete(pending, o.name)
 				if hasOwned && owned > 0 {
 					owned--
 				}
-				changed = true
+				changed, o.done = true, true
 			}
 		case opHold:
 			if raised, ok := pending[o.name]; ok {
@@ -379,7 +412,7 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op, gone *goneClaims) (b
 				changed, o.done = true, true
 			}
 		case opForgive:
-			if hasOwned && owned == o.expect && owned > 0 {
+			if hasOwned && owned == o.expect && owned > 0 && !reservedSince(pending, o.pendingAt) {
 				owned--
 				changed = true
 			}
@@ -398,4 +431,18 @@ func applyOps(md *clusterv1.MachineDeployment, batch []*op, gone *goneClaims) (b
 		md.Spec.Replicas = &replicas
 	}
 	return true, nil
+}
+
+// reservedSince reports whether pending holds a reservation that was not
+// there when a decision read the reservations at (nil: not checked).
+func reservedSince(pending map[string]time.Time, at map[string]bool) bool {
+	if at == nil {
+		return false
+	}
+	for c := range pending {
+		if !at[c] {
+			return true
+		}
+	}
+	return false
 }

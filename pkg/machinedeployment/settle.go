@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
@@ -28,6 +29,14 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 	if debt == 0 {
 		c.debts.clear(key)
 		return nil, 0, nil
+	}
+	pending, err := hub.PendingNodeClaims(md)
+	if err != nil {
+		return nil, 0, err
+	}
+	pendingAt := make(map[string]bool, len(pending))
+	for claim := range pending {
+		pendingAt[claim] = true
 	}
 	since := c.debts.observe(key, debt > 0, now)
 	if wait := OrphanGrace - now.Sub(since); wait > 0 {
@@ -54,7 +63,7 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
 			fmt.Sprintf("a Karpenter Machine was deleted by someone else and no NodeClaim took its replica: given back with Machine %s", victim.Name))
 		metrics.OrphansReleased.WithLabelValues("spare").Inc()
-		return &op{kind: opSpare, expect: owned}, time.Second, nil
+		return &op{kind: opSpare, expect: owned, pendingAt: pendingAt, marked: victim}, time.Second, nil
 	}
 	replicas := int32(0)
 	if md.Spec.Replicas != nil {
@@ -75,7 +84,7 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 		c.event(c.hubEvents, md, corev1.EventTypeNormal, "SpareReplicaGivenBack",
 			fmt.Sprintf("a Karpenter Machine went in place of Machine %s, released already: its replica given back", victim.Name))
 		metrics.OrphansReleased.WithLabelValues("spare").Inc()
-		return &op{kind: opSpare, expect: owned}, time.Second, nil
+		return &op{kind: opSpare, expect: owned, pendingAt: pendingAt, marked: victim}, time.Second, nil
 	}
 	// Forgetting hands the replica to others: only when they took one of
 	// Karpenter's (fewer replicas than owned), on a live read (the caches
@@ -93,5 +102,5 @@ func (c *Controller) settleOwned(ctx context.Context, md *clusterv1.MachineDeplo
 		return nil, OrphanGrace, nil
 	}
 	log.FromContext(ctx).Info("forgetting a replica someone else took away", "MachineDeployment", key, "replicas", replicas, "owned", owned, "bound", use.bound)
-	return &op{kind: opForgive, expect: owned}, time.Second, nil
+	return &op{kind: opForgive, expect: owned, pendingAt: pendingAt}, time.Second, nil
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/spoke"
 )
 
@@ -188,11 +189,21 @@ func (g *goneClaims) takeable(c, by string, raised, now time.Time) bool {
 		if err != nil || !gone {
 			return false
 		}
-		if bound, err := p.recentlyBoundAlive(g.ctx, c); err != nil || bound {
+		// A binding this process made lately is decided on a live read:
+		// a cache that lags may still show that Machine unbound and live
+		// when someone else deleted it since (model seed 135: the
+		// successor raised a replica beside a reservation whose Machine
+		// the MachineSet had removed).
+		if m, err := p.recentlyBound(g.ctx, c); err != nil || (m != nil && m.Annotations[v1alpha1.NodeClaimAnnotation] == c && m.DeletionTimestamp.IsZero() && !marked(m)) {
 			return false
 		}
+		// A Machine someone else is deleting serves no one: its replica
+		// is the reservation's, as if none had been bound (model seed
+		// 135: the MachineSet removed a gone claim's Node-less Machine
+		// after someone lowered the replicas, and the successor raised
+		// another replica beside the reservation it could take).
 		m, err := p.BoundMachine(g.ctx, c)
-		return err == nil && m == nil
+		return err == nil && (m == nil || !m.DeletionTimestamp.IsZero())
 	}()
 	if !ok {
 		p.takeovers.untake(c, by)

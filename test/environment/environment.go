@@ -92,12 +92,12 @@ func StartHub(configure ...func(*envtest.Environment)) (*Cluster, error) {
 }
 
 // StartSpoke starts a workload cluster with the Karpenter and NodeClass CRDs.
-func StartSpoke() (*Cluster, error) {
+func StartSpoke(configure ...func(*envtest.Environment)) (*Cluster, error) {
 	crds, err := SpokeCRDs()
 	if err != nil {
 		return nil, err
 	}
-	return Start("spoke", crds)
+	return Start("spoke", crds, configure...)
 }
 
 // Stop stops the API server.

@@ -46,7 +46,10 @@
 // controller of the world retries meanwhile and resumes on its own.
 //
 // Audit: the hub's API server logs every request of users in AuditedGroup
-// to HubAuditLog (level Metadata), and nothing else.
+// to HubAuditLog (level Metadata), and nothing else. The (first) workload
+// cluster's API server logs every write to NodeClaims to SpokeAuditLog, a
+// status write with its body: who undid a NodeClaim's condition is named
+// there (LogFiles keeps it with the logs).
 //
 // Logs: the Cluster API controllers, the simulators and webhooks log to
 // world.log in Dir; kube-scheduler and kube-controller-manager to their own
@@ -167,6 +170,9 @@ type World struct {
 	// HubAuditLog is the hub API server's audit log (JSON lines): the
 	// requests of users in AuditedGroup.
 	HubAuditLog string
+	// SpokeAuditLog is the workload cluster's audit log (JSON lines):
+	// every write to a NodeClaim, status writes at level Request.
+	SpokeAuditLog string
 
 	hub          *hubManager
 	kcp          *simKCP // with Options.Published
@@ -232,6 +238,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		Dir: dir, Namespace: o.Namespace, ClusterName: o.ClusterName, schedulerConfig: o.KubeSchedulerConfig,
 		BootstrapSecretName: o.ClusterName + "-bootstrap",
 		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
+		SpokeAuditLog:       filepath.Join(dir, "spoke-audit.log"),
 	}
 	w.nodeReadyDelay.Store(int64(o.NodeReadyDelay))
 	w.imagePullDelay.Store(int64(o.ImagePullDelay))
@@ -382,13 +389,13 @@ func (w *World) clusterKey(c *WorkloadCluster) types.NamespacedName {
 }
 
 func (w *World) startAPIServers(workloadCRDs bool) error {
-	startSpoke := environment.StartSpoke
-	if !workloadCRDs {
-		startSpoke = func() (*environment.Cluster, error) { return environment.Start("spoke", nil) }
-	}
-	audit, err := w.auditConfiguration()
+	audit, spokeAudit, err := w.auditConfiguration()
 	if err != nil {
 		return err
+	}
+	startSpoke := func() (*environment.Cluster, error) { return environment.StartSpoke(spokeAudit) }
+	if !workloadCRDs {
+		startSpoke = func() (*environment.Cluster, error) { return environment.Start("spoke", nil) }
 	}
 	var wg sync.WaitGroup
 	var hubErr, spokeErr error
@@ -584,7 +591,7 @@ func (w *World) CreateAWSMachineTemplate(ctx context.Context, name, instanceType
 // LogFiles returns the world's log files.
 func (w *World) LogFiles() []string {
 	var out []string
-	files := []string{"world.log", "capa.log"}
+	files := []string{"world.log", "capa.log", filepath.Base(w.SpokeAuditLog)}
 	for _, c := range w.workloadClusters() {
 		files = append(files, "kube-scheduler"+c.logSuffix+".log", "kube-controller-manager"+c.logSuffix+".log")
 	}

@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 	"github.com/autonode/karpenter-clusterapi/test/world"
@@ -77,6 +78,7 @@ func TestWorld(t *testing.T) {
 	t.Run("HubAPIServerOutage", func(t *testing.T) { testHubOutage(ctx, t, w) })
 	t.Run("SecondCluster", func(t *testing.T) { testSecondCluster(ctx, t, w) })
 	t.Run("NodeReadyDelay", func(t *testing.T) { testNodeReadyDelay(ctx, t, w) })
+	t.Run("SpokeAuditLogsNodeClaimStatusWrites", func(t *testing.T) { testSpokeAudit(ctx, t, w) })
 }
 
 // testNodeReadyDelay: with a NodeReadyDelay a registered Node reports
@@ -558,4 +560,54 @@ func describeMachines(ms []clusterv1.Machine) string {
 		parts = append(parts, fmt.Sprintf("%s phase=%s providerID=%q node=%q failure=%q", m.Name, m.Status.Phase, m.Spec.ProviderID, m.Status.NodeRef.Name, failure))
 	}
 	return "[" + strings.Join(parts, "; ") + "]"
+}
+
+// testSpokeAudit: a NodeClaim status write shows in the workload cluster's
+// audit log with its body, and the log is among the world's log files, so a
+// conformance failure names who wrote a NodeClaim's conditions.
+func testSpokeAudit(ctx context.Context, t *testing.T, w *world.World) {
+	nc := &karpv1.NodeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "audited"},
+		Spec: karpv1.NodeClaimSpec{
+			NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.cluster.x-k8s.io", Kind: "ClusterAPINodeClass", Name: "default"},
+			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: corev1.LabelInstanceTypeStable, Operator: corev1.NodeSelectorOpExists}},
+		},
+	}
+	if err := w.Spoke.Client.Create(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(nc.DeepCopy())
+	nc.StatusConditions().SetTrue(karpv1.ConditionTypeRegistered)
+	if err := w.Spoke.Client.Status().Patch(ctx, nc, patch); err != nil {
+		t.Fatal(err)
+	}
+	events, err := w.SpokeAudit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created, statusPatch bool
+	for _, e := range events {
+		if e.ObjectRef == nil || e.ObjectRef.Name != "audited" || e.ObjectRef.Resource != "nodeclaims" {
+			continue
+		}
+		switch {
+		case e.Verb == "create" && e.ObjectRef.Subresource == "":
+			created = true
+		case e.Verb == "patch" && e.ObjectRef.Subresource == "status":
+			statusPatch = strings.Contains(string(e.RequestObject), karpv1.ConditionTypeRegistered)
+		}
+	}
+	if !created || !statusPatch {
+		t.Errorf("spoke audit log %s: NodeClaim create logged %v, status patch with its %s condition logged %v; want both", w.SpokeAuditLog, created, karpv1.ConditionTypeRegistered, statusPatch)
+	}
+	found := false
+	for _, f := range w.LogFiles() {
+		found = found || f == w.SpokeAuditLog
+	}
+	if !found {
+		t.Errorf("LogFiles %v leave out the spoke audit log %s", w.LogFiles(), w.SpokeAuditLog)
+	}
+	if err := w.Spoke.Client.Delete(ctx, nc); err != nil {
+		t.Error(err)
+	}
 }

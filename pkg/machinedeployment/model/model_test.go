@@ -80,6 +80,14 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 		md := w.mds[rng.Intn(len(w.mds))]
 		w.stalled[md] = !w.stalled[md]
 		log(fmt.Sprintf("%s MachineSet stalled=%v", md, w.stalled[md]))
+	case r < 77:
+		// A MachineSet whose create outlasted its reconcile's timeout
+		// makes one Machine too many, and removes the excess next time.
+		md := w.mds[rng.Intn(len(w.mds))]
+		if !w.stalled[md] {
+			w.overCreate(md)
+			log(md + " MachineSet makes one Machine too many")
+		}
 	}
 	for _, name := range w.claimNames() {
 		if c := w.claims[name]; !c.launched && !c.deleting && w.now.Sub(c.created) >= launchTimeout {

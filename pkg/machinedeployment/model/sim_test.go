@@ -85,8 +85,10 @@ type world struct {
 	unsettled map[string]time.Time // MachineDeployment -> when its MachineSet last had fewer or more Machines than replicas
 	userOwned map[string]bool      // Machines that existed before Karpenter (never bindable)
 	seq       int
-	failures  []string
-	synced    time.Time // when the cache last caught up
+	// machinesMade counts the Machines the MachineSets made.
+	machinesMade int
+	failures     []string
+	synced       time.Time // when the cache last caught up
 	// goneSeen are the NodeClaims deleted since the provider last started
 	// (the deletions its NodeClaim watch reported).
 	goneSeen map[string]bool
