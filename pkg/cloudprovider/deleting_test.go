@@ -44,6 +44,19 @@ func TestCreateRefusesANodeClaimBeingDeleted(t *testing.T) {
 	if err := c.notDeleting(ctx, live); err != nil {
 		t.Errorf("live NodeClaim: %v", err)
 	}
+
+	// With the API server to ask: a NodeClaim the cache does not show is
+	// launched only when the API server has it (created a moment ago),
+	// not when it is gone there too (core's reconcile on a stale copy,
+	// conformance run H).
+	fresh := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fresh", UID: "u4", CreationTimestamp: created}}
+	c.ReadNodeClaimsLiveWith(fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(fresh.DeepCopy(), deleting.DeepCopy()).Build())
+	if err := c.notDeleting(ctx, fresh); err != nil {
+		t.Errorf("NodeClaim the cache does not show yet, in the API server: %v", err)
+	}
+	if err := c.notDeleting(ctx, unseen); !errors.Is(err, errNodeClaimDeleting) {
+		t.Errorf("NodeClaim gone from the cache and the API server: got %v, want %v", err, errNodeClaimDeleting)
+	}
 }
 
 // A launch that falls back asks Choose for the next offering: for a
