@@ -235,7 +235,7 @@ func (p *Provider) recentlyBoundAlive(ctx context.Context, claim string) (bool, 
 	case err == nil && m.DeletionTimestamp.IsZero():
 		return true, nil
 	case err == nil || apierrors.IsNotFound(err):
-		if b, ok := p.recent.binding(claim, p.now()); ok && !p.released.has(machine, p.now()) && (err != nil || !marked(m)) {
+		if b, ok := p.recent.binding(claim, p.now()); ok && !p.released.has(machine, p.now()) && (err != nil || !isMarked(m)) {
 			p.lost.add(claim, b.md, b.created, p.now())
 		}
 		p.recent.forget(claim)
@@ -332,17 +332,10 @@ func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.M
 	if err != nil || m == nil {
 		return nil, err
 	}
-	if marked(m) || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
+	if isMarked(m) || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
 		return nil, nil
 	}
 	return m, nil
-}
-
-// marked reports whether the Machine carries Cluster API's delete-machine
-// mark (the provider's release or spare mark, or anyone's).
-func marked(m *clusterv1.Machine) bool {
-	_, ok := m.Annotations[clusterv1.DeleteMachineAnnotation]
-	return ok
 }
 
 // machineSets lists the MachineSets of a MachineDeployment from the cache.

@@ -194,7 +194,7 @@ func (g *goneClaims) takeable(c, by string, raised, now time.Time) bool {
 		// when someone else deleted it since (model seed 135: the
 		// successor raised a replica beside a reservation whose Machine
 		// the MachineSet had removed).
-		if m, err := p.recentlyBound(g.ctx, c); err != nil || (m != nil && m.Annotations[v1alpha1.NodeClaimAnnotation] == c && m.DeletionTimestamp.IsZero() && !marked(m)) {
+		if m, err := p.recentlyBound(g.ctx, c); err != nil || (m != nil && m.Annotations[v1alpha1.NodeClaimAnnotation] == c && m.DeletionTimestamp.IsZero() && !isMarked(m)) {
 			return false
 		}
 		// A Machine someone else is deleting serves no one: its replica
