@@ -2,7 +2,6 @@ package machinedeployment
 
 import (
 	"context"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -68,23 +67,4 @@ func awaitsRegistration(node *corev1.Node, providerID string) bool {
 		}
 	}
 	return false
-}
-
-// madeFor reports whether a Machine was created for a replica raised at
-// since: created at or after it, by the API server's clock, give or take
-// bindSkew between that clock and this process's.
-func madeFor(m *clusterv1.Machine, since time.Time) bool {
-	return !m.CreationTimestamp.Time.Before(since.Add(-bindSkew))
-}
-
-// pickVictim returns the first victim not taken and created at or after
-// after (zero: any), or nil.
-func pickVictim(victims []*clusterv1.Machine, taken map[string]bool, after time.Time) *clusterv1.Machine {
-	for _, m := range victims {
-		if taken[m.Name] || (!after.IsZero() && m.CreationTimestamp.Time.Before(after)) {
-			continue
-		}
-		return m
-	}
-	return nil
 }

@@ -72,6 +72,11 @@ func bindPatch(m *clusterv1.Machine, claim string) (client.Patch, error) {
 	default:
 		test("/metadata/resourceVersion", m.ResourceVersion)
 	}
+	return rawJSONPatch(ops)
+}
+
+// rawJSONPatch encodes a JSON patch.
+func rawJSONPatch(ops []jsonPatchOp) (client.Patch, error) {
 	data, err := json.Marshal(ops)
 	if err != nil {
 		return nil, err

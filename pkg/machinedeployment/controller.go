@@ -7,6 +7,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -31,28 +32,12 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/kubelet"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
 )
 
-// Timing of the controller's bookkeeping.
-const (
-	// bindSkew tolerates clock skew between this process and the hub API
-	// server when telling Machines created for a claim from older ones.
-	bindSkew = 10 * time.Second
-	// bindAttempts is how many times one pass patches a Machine it binds
-	// when the Machine changed since the read in what the binding decides
-	// on (each after a live read).
-	bindAttempts = 3
-	// OrphanGrace is how long a pending replica or a bound Machine may exist
-	// without its NodeClaim before it is given back or released.
-	OrphanGrace = 30 * time.Second
-	// cleanupDelay is how long bookkeeping that changes no count (pending
-	// entries of bound claims, released Machines that are gone) may wait to
-	// ride along with another write.
-	cleanupDelay = 10 * time.Second
-	// templateResync re-reads infrastructure templates of kinds the cache
-	// does not watch by type.
-	templateResync = 5 * time.Minute
-)
+// templateResync re-reads infrastructure templates of kinds the cache does
+// not watch by type.
+const templateResync = 5 * time.Minute
 
 // Controller keeps each MachineDeployment's instance-type Source current,
 // binds new Machines to the NodeClaims replicas were raised for, and gives
@@ -65,8 +50,10 @@ type Controller struct {
 	hubEvents, spokeEvents record.EventRecorder
 	// bootstrapWatched is true when KubeadmConfigTemplate changes are watched.
 	bootstrapWatched bool
-	// debts tracks owned replicas that disagree with the NodeClaims.
-	debts debts
+	// seen times the graces of the pass (observations only).
+	seen firstSeen
+	// unowned remembers the last count of Machines no NodeClaim owns.
+	unowned unownedReport
 	// templates remembers each MachineDeployment's rollout fields, to wake
 	// the NodeClass status (and with it drift) when they change.
 	templates sync.Map // types.NamespacedName -> string
@@ -104,9 +91,23 @@ func (c *Controller) prime(ctx context.Context) error {
 		if err != nil {
 			log.FromContext(ctx).Error(err, "reading bootstrap template", "MachineDeployment", client.ObjectKeyFromObject(md))
 		}
-		c.provider.store.Put(instancetype.FromMachineDeploymentTemplates(md, template, bootstrap))
+		src := instancetype.FromMachineDeploymentTemplates(md, template, bootstrap)
+		if _, err := readRecords(md); err != nil && src.Err == nil {
+			src.Err = err
+		}
+		c.provider.store.Put(src)
 	}
 	return nil
+}
+
+// hasRecords reports whether Karpenter keeps records on a MachineDeployment.
+func hasRecords(md *clusterv1.MachineDeployment) bool {
+	for _, k := range []string{OwnedReplicasAnnotation, PendingAnnotation, HeldReplicasAnnotation} {
+		if _, ok := md.Annotations[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Name of the controller.
@@ -130,8 +131,17 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 			})))
 		c.bootstrapWatched = true
 	}
+	// Launch and the NodeClaim watch queue a MachineDeployment directly.
+	wake := make(chan event.TypedGenericEvent[*clusterv1.MachineDeployment], 1024)
+	c.provider.wake = func(key types.NamespacedName) {
+		select {
+		case wake <- event.TypedGenericEvent[*clusterv1.MachineDeployment]{Object: &clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
+		default: // full: the MachineDeployment's own events queue it too
+		}
+	}
 	return b.
 		Named(c.Name()).
+		WatchesRawSource(source.Channel(wake, &handler.TypedEnqueueRequestForObject[*clusterv1.MachineDeployment]{})).
 		WatchesRawSource(source.Kind(h.GetCache(), &clusterv1.MachineDeployment{}, &handler.TypedEnqueueRequestForObject[*clusterv1.MachineDeployment]{})).
 		WatchesRawSource(source.Kind(h.GetCache(), &clusterv1.Machine{}, c.machineHandler())).
 		WatchesRawSource(source.Kind(h.GetCache(), &infrav1.AWSMachineTemplate{},
@@ -151,7 +161,6 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 func (c *Controller) nodeClaimHandler() handler.TypedEventHandler[*karpv1.NodeClaim, reconcile.Request] {
 	return handler.TypedFuncs[*karpv1.NodeClaim, reconcile.Request]{
 		DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*karpv1.NodeClaim], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			c.provider.NodeClaimDeleted(e.Object.Name)
 			mds := &clusterv1.MachineDeploymentList{}
 			if err := c.provider.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: e.Object.Name}); err != nil {
 				return // the MachineDeployment's own requeue finds it gone later
@@ -181,8 +190,14 @@ func (c *Controller) machineHandler() handler.TypedEventHandler[*clusterv1.Machi
 		UpdateFunc: func(_ context.Context, e event.TypedUpdateEvent[*clusterv1.Machine], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			enqueue(e.ObjectNew, q)
 		},
-		DeleteFunc: func(_ context.Context, e event.TypedDeleteEvent[*clusterv1.Machine], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			enqueue(e.Object, q)
+		DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*clusterv1.Machine], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			m := e.Object
+			go func() {
+				if err := c.provider.MachineDeleted(context.WithoutCancel(ctx), m); err != nil {
+					log.FromContext(ctx).Error(err, "reclaiming the replica of a bound Machine someone else deleted", "Machine", client.ObjectKeyFromObject(m))
+				}
+			}()
+			enqueue(m, q)
 		},
 	}
 }
@@ -237,16 +252,27 @@ func (c *Controller) reconcile(ctx context.Context, req reconcile.Request) (reco
 		if apierrors.IsNotFound(err) {
 			c.provider.store.Delete(req.NamespacedName)
 			c.templates.Delete(req.NamespacedName)
-			c.debts.clear(req.NamespacedName)
+			metrics.UnownedMachines.DeleteLabelValues(req.Namespace, req.Name)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
 	}
-	_, member := md.Labels[v1alpha1.KarpenterMemberLabel]
-	if !member || !h.Scope.Contains(md, md.Spec.ClusterName) {
+	if !h.Scope.Contains(md, md.Spec.ClusterName) {
 		c.provider.store.Delete(req.NamespacedName)
 		c.templates.Delete(req.NamespacedName)
 		return reconcile.Result{}, nil
+	}
+	if _, member := md.Labels[v1alpha1.KarpenterMemberLabel]; !member {
+		// No longer offered, but what Karpenter started on it completes:
+		// reservations are bound or given back, releases lowered.
+		c.provider.store.Delete(req.NamespacedName)
+		c.templates.Delete(req.NamespacedName)
+		metrics.UnownedMachines.DeleteLabelValues(req.Namespace, req.Name)
+		if !hasRecords(md) {
+			return reconcile.Result{}, nil
+		}
+		requeue, err := c.pass(ctx, md, false)
+		return reconcile.Result{RequeueAfter: requeue}, err
 	}
 	template, typed, err := c.infraTemplate(ctx, md)
 	if err != nil {
@@ -259,14 +285,20 @@ func (c *Controller) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if ref := md.Spec.Template.Spec.Bootstrap.ConfigRef; ref.Kind == kubeadmConfigTemplate.Kind && !c.bootstrapWatched {
 		typed = false // its changes are not watched: look again later
 	}
-	c.provider.store.Put(instancetype.FromMachineDeploymentTemplates(md, template, bootstrap))
+	src := instancetype.FromMachineDeploymentTemplates(md, template, bootstrap)
+	if _, err := readRecords(md); err != nil && src.Err == nil {
+		// Its records cannot be read: not offered until fixed (a NodeClass
+		// problem and event name the MachineDeployment and annotation).
+		src.Err = fmt.Errorf("%w; fix or remove the annotation (removed, Karpenter counts its replicas again from the bound Machines)", err)
+	}
+	c.provider.store.Put(src)
 	// A new template may yield the same instance type (no store change):
 	// wake the NodeClass status anyway, its driftHash changes.
 	if rk := rolloutKey(md); func() bool { old, ok := c.templates.Swap(req.NamespacedName, rk); return !ok || old != rk }() {
 		c.provider.store.Notify()
 	}
 
-	requeue, err := c.reconcileBindings(ctx, md)
+	requeue, err := c.pass(ctx, md, true)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

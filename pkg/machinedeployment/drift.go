@@ -138,3 +138,13 @@ func client404(err error) error {
 	}
 	return err
 }
+
+// machineSetOf is the name of the MachineSet that controls the Machine.
+func machineSetOf(m *clusterv1.Machine) string {
+	for _, ref := range m.OwnerReferences {
+		if ref.Kind == "MachineSet" && ref.Controller != nil && *ref.Controller {
+			return ref.Name
+		}
+	}
+	return ""
+}

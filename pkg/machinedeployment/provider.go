@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,6 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
@@ -24,7 +25,7 @@ import (
 )
 
 // DefaultLaunchWait bounds how long Launch waits for a Machine's providerID
-// before returning a retryable error; the binding it started survives.
+// before returning a retryable error; the reservation it made survives.
 const DefaultLaunchWait = 2 * time.Minute
 
 // ErrMachineGone means the Machine is truly gone (a live read said so).
@@ -33,35 +34,19 @@ var ErrMachineGone = launch.ErrMachineGone
 // ErrStillLaunching is returned when no providerID arrived within the wait.
 var ErrStillLaunching = launch.ErrStillLaunching
 
-// Provider implements MachineDeployment mode.
+// Provider implements MachineDeployment mode: Launch reserves a replica
+// through the writer and waits for the controller to bind the Machine the
+// MachineSet makes; Release marks the Machine and lowers its replica.
 type Provider struct {
 	hub      *hub.Hub
 	machines *hub.Lookup
 	store    *instancetype.Store
-	scaler   *Scaler
 	waiters  *hub.Waiters
-	// inflight maps a NodeClaim to the MachineDeployment this process raised
-	// a replica for, until the hub cache shows the pending entry.
-	inflight sync.Map
-	// recent remembers the bindings this process made until the hub cache
-	// shows them, so that a reconcile reading a cache that lags behind its
-	// own writes never binds a second Machine to a NodeClaim, or a Machine
-	// twice.
-	recent recentBindings
-	// lost remembers Machines bound to a NodeClaim that someone else
-	// deleted before they launched, whose replicas the claims reclaim.
-	lost lostMachines
-	// takeovers coordinates binds with Launches taking the reservation of
-	// a NodeClaim that is gone.
-	takeovers takeovers
-	// goneSeen remembers NodeClaims deleted lately, whose Machine a
-	// successor may adopt.
-	goneSeen goneClaimsSeen
+	writer   *writer
+	locks    mdLocks
+	barrier  barrier
 	// spoke and spokeAPI read NodeClaims (cached, live): set by NewController.
 	spoke, spokeAPI client.Reader
-	// released remembers the Machines this process marked for deletion
-	// until the cache shows the mark.
-	released releasedMachines
 	// unavailable holds offerings left out after a failed launch (shared
 	// with Machine mode).
 	unavailable *launch.Unavailable
@@ -70,11 +55,13 @@ type Provider struct {
 	infraWatch *launch.InfraWatch
 	// LaunchWait bounds one Launch call's wait for a providerID.
 	LaunchWait time.Duration
-	// Events, when set, records events on Machines in the hub.
+	// Events, when set, records events on hub objects.
 	Events record.EventRecorder
 	now    func() time.Time
 	// after starts a launch wait (time.After; a test's clock may fire it at once).
 	after func(time.Duration) <-chan time.Time
+	// wake, when set, queues a MachineDeployment for the controller.
+	wake func(types.NamespacedName)
 }
 
 // NewProvider returns the MachineDeployment mode provider.
@@ -84,15 +71,26 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		unavailable: unavailable,
 		machines:    hub.NewLookup(h, managed),
 		store:       store,
-		scaler:      newObservedScaler(h),
 		waiters:     hub.NewWaiters(),
 		LaunchWait:  DefaultLaunchWait,
 		Events:      h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
 		now:         time.Now,
 		after:       time.After,
 	}
+	p.barrier.now = func() time.Time { return p.now() }
+	p.writer = &writer{
+		client: h.GetClient(), cache: h.GetCache(), live: h.GetAPIReader(), locks: &p.locks,
+		free: p.claimFree,
+		bindable: func(ctx context.Context, m *clusterv1.Machine) bool {
+			return p.spoke != nil && noRegisteredNode(ctx, p.spoke, m)
+		},
+		written: func(o client.Object) { p.barrier.record("MachineDeployment", o) },
+		events:  p.Events,
+		observe: func(n int) { metrics.MachineDeploymentWriteBatch.Observe(float64(n)) },
+		onError: func(error) { metrics.HubErrors.WithLabelValues("update_machinedeployment").Inc() },
+		queues:  map[types.NamespacedName]*writeQueue{},
+	}
 	p.infraWatch = launch.NewInfraWatch(h, p.claimOfInfra, p.waiters.Notify)
-	p.scaler.Gone = func(ctx context.Context) *goneClaims { return &goneClaims{ctx: ctx, p: p} }
 	return p
 }
 
@@ -103,24 +101,20 @@ func (p *Provider) SetClock(now func() time.Time) { p.now = now }
 // fires at once makes Launch look once and return, no real-time wait).
 func (p *Provider) SetLaunchTimer(after func(time.Duration) <-chan time.Time) { p.after = after }
 
-// Scaler returns the provider's batched MachineDeployment writer.
-func (p *Provider) Scaler() *Scaler { return p.scaler }
-
-// Launch makes sure a Machine is bound to the NodeClaim and returns it once
-// it has a providerID. It resumes what an earlier call (of this process or
-// of one before a restart) started: a bound Machine or a raised replica is
-// never started again. chosen is the MachineDeployment an earlier call
-// chose (recorded on the NodeClaim), or nil; choose is called only when
-// nothing was chosen or started yet, and record is told the choice before
-// the replica is raised, so that a retry after an ambiguous failure (the
-// update may have been applied) raises on the same MachineDeployment, where
-// raising is idempotent, and never on a second one.
+// Launch makes sure a replica is reserved for the NodeClaim and returns the
+// Machine bound to it once it has a providerID. It resumes what an earlier
+// call (of this process or one before a restart) started: a bound Machine
+// or a reservation is never started again. chosen is the MachineDeployment
+// an earlier call chose (recorded on the NodeClaim), or nil; choose is
+// called only when nothing was chosen or the choice can no longer be used,
+// and record is told the choice before the replica is raised, so that a
+// retry after an ambiguous failure raises on the same MachineDeployment,
+// where reserving is idempotent, and never on a second one.
 //
-// A launch the infrastructure reports failed (see fail) makes its offering
-// unavailable, gives its replica back with exactly its Machine, and tries
-// the next cheapest offering within the same call: choose no longer sees
-// the failed one. When none is left, the InsufficientCapacity error goes to
-// Karpenter.
+// A launch the infrastructure reports failed makes its offering
+// unavailable, releases exactly its Machine, and tries the next cheapest
+// offering within the same call; when none is left the
+// InsufficientCapacityError goes to Karpenter.
 func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
 	failedMachines := map[string]bool{}
 	for {
@@ -143,106 +137,75 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 		return nil, err
 	}
 	if m == nil {
-		started, err := p.reserved(ctx, claim)
+		reserved, err := p.reservedOn(ctx, claim)
 		if err != nil {
 			return nil, err
 		}
-		if !started {
-			origin := chosen
-			if origin != nil {
-				md := &clusterv1.MachineDeployment{}
-				if err := p.hub.GetCache().Get(ctx, *origin, md); apierrors.IsNotFound(err) {
-					origin = nil // the earlier choice is gone: choose again
-				} else if err != nil {
-					return nil, fmt.Errorf("reading MachineDeployment %s chosen for NodeClaim %s: %w", origin, claim, err)
-				}
-			}
-			if origin == nil {
-				src, err := choose()
-				if err != nil {
-					return nil, err
-				}
-				origin = &src.Origin
-				record(src.Origin)
-				failpoint.Crash(StepChoose)
-			}
-			if adopted, err := p.adopt(ctx, *origin, claim); err != nil {
+		if reserved == nil {
+			if err := p.reserve(ctx, claim, chosen, record, choose); err != nil {
 				return nil, err
-			} else if adopted {
-				return p.waitForProviderID(ctx, claim)
 			}
-			reserve := &op{kind: opReserve, name: claim, since: p.now()}
-			if raised, ok := p.lost.reclaimable(claim, *origin, p.now()); ok {
-				// Someone else deleted the Machine bound to the claim
-				// before it launched: its replica is still the claim's.
-				reserve = &op{kind: opReclaim, name: claim, since: raised}
-			}
-			if err := p.scaler.Apply(ctx, *origin, reserve); err != nil {
-				if errors.Is(err, ErrAtMaxSize) {
-					// Refused at the write: Karpenter re-plans on another
-					// offering; the store shows this one unavailable as
-					// soon as the cache has the replicas.
-					return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, err))
-				}
-				return nil, fmt.Errorf("raising replicas of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
-			}
-			if reserve.kind == opReclaim {
-				p.lost.forget(claim)
-				if reserve.done {
-					log.FromContext(ctx).Info("reclaimed the replica of a Machine someone else deleted before it launched", "NodeClaim", claim, "MachineDeployment", *origin)
-				}
-			}
-			if reserve.from != "" {
-				log.FromContext(ctx).Info("took over the reservation of a NodeClaim that is gone", "NodeClaim", claim, "MachineDeployment", *origin, "gone", reserve.from)
-				metrics.OrphansReleased.WithLabelValues("taken_over").Inc()
-			}
-			p.inflight.Store(claim, *origin)
-			failpoint.Crash(StepReserve)
 		}
 	}
 	return p.waitForProviderID(ctx, claim)
 }
 
-// reserved reports whether a replica was already raised for the claim.
-func (p *Provider) reserved(ctx context.Context, claim string) (bool, error) {
-	if _, ok := p.inflight.Load(claim); ok {
-		return true, nil
+// reserve reserves a replica for the claim on the MachineDeployment chosen
+// before, or, when that one is gone or cannot be used now, on a new choice.
+func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) error {
+	origin := chosen
+	if origin != nil && !p.usable(*origin) {
+		origin = nil // gone, no longer a member, or its records unreadable: choose again
 	}
-	// Bound by this process, and the cache does not show it yet.
-	if ok, err := p.recentlyBoundAlive(ctx, claim); err != nil || ok {
-		return ok, err
+	if origin == nil {
+		src, err := choose()
+		if err != nil {
+			return err
+		}
+		origin = &src.Origin
+		record(src.Origin)
+		failpoint.Crash(StepChoose)
 	}
-	mds := &clusterv1.MachineDeploymentList{}
-	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}); err != nil {
-		return false, fmt.Errorf("looking up MachineDeployments pending for NodeClaim %s: %w", claim, err)
+	in := &intent{kind: intentReserve, claim: claim}
+	if err := p.writer.do(ctx, *origin, in); err != nil {
+		return fmt.Errorf("reserving a replica of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
 	}
-	return len(mds.Items) > 0, nil
+	if in.err != nil {
+		// At max-size, or the MachineDeployment cannot be used: Karpenter
+		// re-plans on another offering.
+		return cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, in.err))
+	}
+	if in.took != "" {
+		metrics.OrphansReleased.WithLabelValues("taken_over").Inc()
+	}
+	if p.wake != nil {
+		p.wake(*origin)
+	}
+	failpoint.Crash(StepReserve)
+	return nil
 }
 
-// recentlyBoundAlive reports whether the Machine this process bound to
-// claim lately, which the cache may not show bound yet, still exists and is
-// not being deleted, on whichever MachineDeployment. A binding whose Machine
-// went away is forgotten: the claim needs another replica.
-func (p *Provider) recentlyBoundAlive(ctx context.Context, claim string) (bool, error) {
-	machine, ok := p.recent.claimMachine(claim, p.now())
-	if !ok {
-		return false, nil
+// usable reports whether a MachineDeployment is offered now: in the store
+// (a member in scope) and usable (its Source has no error).
+func (p *Provider) usable(md types.NamespacedName) bool {
+	src, ok := p.store.Get(md)
+	return ok && src.Err == nil
+}
+
+// reservedOn returns the MachineDeployment holding a reservation for the
+// claim, or nil.
+func (p *Provider) reservedOn(ctx context.Context, claim string) (*types.NamespacedName, error) {
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := p.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: claim}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("looking up MachineDeployments reserved for NodeClaim %s: %w", claim, err)
 	}
-	ns, name, _ := strings.Cut(machine, "/")
-	m := &clusterv1.Machine{}
-	err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, m)
-	switch {
-	case err == nil && m.DeletionTimestamp.IsZero():
-		return true, nil
-	case err == nil || apierrors.IsNotFound(err):
-		if b, ok := p.recent.binding(claim, p.now()); ok && !p.released.has(machine, p.now()) && (err != nil || !isMarked(m)) {
-			p.lost.add(claim, b.md, b.created, p.now())
+	for i := range mds.Items {
+		if mds.Items[i].DeletionTimestamp.IsZero() {
+			key := client.ObjectKeyFromObject(&mds.Items[i])
+			return &key, nil
 		}
-		p.recent.forget(claim)
-		return false, nil
-	default:
-		return false, fmt.Errorf("reading Machine %s bound to NodeClaim %s: %w", machine, claim, err)
 	}
+	return nil, nil
 }
 
 func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {
@@ -256,25 +219,6 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 			return nil, err
 		}
 		if m != nil {
-			// The replica raised for the claim is used: should this
-			// Machine go away, the claim is raised for again.
-			p.inflight.Delete(claim)
-			if !m.DeletionTimestamp.IsZero() {
-				// Not marked by the provider (BoundMachine): someone
-				// else deleted it, and its replica is the claim's still.
-				p.lost.add(claim, types.NamespacedName{Namespace: m.Namespace, Name: m.Labels[clusterv1.MachineDeploymentNameLabel]}, m.CreationTimestamp.Time, p.now())
-				p.waiters.Forget(claim, ch)
-				return nil, fmt.Errorf("Machine %s/%s bound to NodeClaim %s is being deleted", m.Namespace, m.Name, claim)
-			}
-			if m.Spec.ProviderID != "" {
-				p.waiters.Forget(claim, ch)
-				p.inflight.Delete(claim)
-				if !wokeAt.IsZero() {
-					metrics.LaunchReturnDelay.Observe(time.Since(wokeAt).Seconds())
-				}
-				failpoint.Crash(StepLaunched)
-				return m, nil
-			}
 			if ref := m.Spec.InfrastructureRef; ref.Name != "" {
 				// A failure is seen when the infrastructure reports it,
 				// not when Cluster API mirrors it onto the Machine.
@@ -324,33 +268,73 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 	}
 }
 
-// BoundMachine returns the Machine bound to the NodeClaim and not released
-// (marked for deletion), or nil: a NodeClaim whose launch failed is raised
-// for again.
+// BoundMachine returns the live Machine bound to the NodeClaim and not
+// marked by the provider, or nil. A Machine this process wrote lately and
+// the cache does not show as written yet is read live.
 func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.Machine, error) {
 	m, err := p.machines.Bound(ctx, claim)
 	if err != nil || m == nil {
 		return nil, err
 	}
-	if isMarked(m) || p.released.has(m.Namespace+"/"+m.Name, p.now()) {
+	if !p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
+		live := &clusterv1.Machine{}
+		if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+		}
+		m = live
+	}
+	if markedByUs(m) || !m.DeletionTimestamp.IsZero() || !p.machines.Owned(m) {
 		return nil, nil
 	}
 	return m, nil
 }
 
-// machineSets lists the MachineSets of a MachineDeployment from the cache.
-func (p *Provider) machineSets(ctx context.Context, md *clusterv1.MachineDeployment) ([]clusterv1.MachineSet, error) {
-	list := &clusterv1.MachineSetList{}
-	if err := p.hub.GetCache().List(ctx, list, client.InNamespace(md.Namespace),
-		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
-		return nil, fmt.Errorf("listing MachineSets of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
+// NodeClaimDeleted is told of a NodeClaim's deletion (the NodeClaim watch):
+// the MachineDeployments that reserved for it look again at once, so that
+// its reservation is free for the next NodeClaim without waiting.
+func (p *Provider) NodeClaimDeleted(claim string) {
+	if p.wake == nil {
+		return
 	}
-	return list.Items, nil
+	if md, err := p.reservedOn(context.Background(), claim); err == nil && md != nil {
+		p.wake(*md)
+	}
 }
 
-func newObservedScaler(h *hub.Hub) *Scaler {
-	s := NewScaler(h.GetClient(), h.GetCache(), h.GetAPIReader())
-	s.Observe = func(n int) { metrics.MachineDeploymentWriteBatch.Observe(float64(n)) }
-	s.OnError = func(error) { metrics.HubErrors.WithLabelValues("update_machinedeployment").Inc() }
-	return s
+// MachineDeleted is told of a Machine that is gone (the Machine watch's
+// delete event, which carries the Machine as it was last, deletionTimestamp
+// included). A bound Machine someone else deleted leaves its replica to its
+// NodeClaim: a reservation stamped at the deletion, so the Machine the
+// MachineSet makes in its place is bound to the NodeClaim, or, once the
+// NodeClaim is gone, given back with it.
+func (p *Provider) MachineDeleted(ctx context.Context, m *clusterv1.Machine) error {
+	claim := m.Annotations[v1alpha1.NodeClaimAnnotation]
+	md := m.Labels[clusterv1.MachineDeploymentNameLabel]
+	if claim == "" || md == "" || markedByUs(m) || m.DeletionTimestamp.IsZero() || !p.machines.Owned(m) {
+		return nil
+	}
+	return p.writer.do(ctx, types.NamespacedName{Namespace: m.Namespace, Name: md},
+		&intent{kind: intentReclaim, claim: claim, at: m.DeletionTimestamp.Time})
+}
+
+// claimFree reports whether a reservation's NodeClaim is gone or
+// terminating: the cache says so, and, for gone, a live read confirms (an
+// error is never read as gone).
+func (p *Provider) claimFree(ctx context.Context, claim string) bool {
+	if p.spoke == nil {
+		return false
+	}
+	nc := &karpv1.NodeClaim{}
+	err := p.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc)
+	switch {
+	case err == nil:
+		return !nc.DeletionTimestamp.IsZero()
+	case !apierrors.IsNotFound(err):
+		return false
+	}
+	err = p.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc)
+	return apierrors.IsNotFound(err) || (err == nil && !nc.DeletionTimestamp.IsZero())
 }

@@ -33,11 +33,19 @@ var (
 		Name:      "hub_errors_total",
 		Help:      "Failed requests to the management cluster, by operation.",
 	}, []string{"operation"})
+	// UnownedMachines is, per member MachineDeployment, how many of its
+	// Machines no NodeClaim owns once its MachineSet has settled: nodes
+	// that keep Karpenter's unregistered taint and run no pod.
+	UnownedMachines = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace,
+		Name:      "machinedeployment_unowned_machines",
+		Help:      "Machines of a member MachineDeployment that no NodeClaim owns (settled MachineSet): paid nodes that run no pod.",
+	}, []string{"namespace", "machinedeployment"})
 	// OrphansReleased counts replicas and Machines given back because their NodeClaim was gone.
 	OrphansReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace,
 		Name:      "orphans_released_total",
-		Help:      "Replicas (kind=replica) and Machines (kind=machine) given back because their NodeClaim was gone, spare (kind=spare) and kept (kind=kept) ones settled, replicas held for the next NodeClaim (kind=held) because their NodeClaim went before a Machine was bound to it, reservations of such NodeClaims taken over by a successor's (kind=taken_over), and Machines of NodeClaims that went before they launched adopted by a successor (kind=adopted).",
+		Help:      "MachineDeployment mode: replicas reserved for NodeClaims that went away given back with a Machine made for them (kind=replica), Machines whose NodeClaim went away released (kind=machine), released Machines deleted directly because their MachineSet kept them (kind=kept), and reservations of NodeClaims that went away taken by the next NodeClaim (kind=taken_over).",
 	}, []string{"kind"})
 
 	// OfferingPrice is the hourly price in use per offering, and whether it
@@ -71,5 +79,5 @@ var (
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased, OfferingPrice, UnavailableOfferings, MachineLaunchFailures, NodeClaimsMachineGone)
+	crmetrics.Registry.MustRegister(UnownedMachines, LaunchReturnDelay, MachineDeploymentWriteBatch, HubErrors, OrphansReleased, OfferingPrice, UnavailableOfferings, MachineLaunchFailures, NodeClaimsMachineGone)
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/meta/testrestmapper"
@@ -63,6 +64,10 @@ func New(scope hub.Scope, funcs interceptor.Funcs, objs ...client.Object) *Hub {
 	f.Hub = &hub.Hub{Cluster: &fakeCluster{hub: f}, Scope: scope}
 	return f
 }
+
+// SetClock sets the API server's clock (creation, deletion and
+// managed-fields times).
+func (f *Hub) SetClock(now func() time.Time) { f.store.SetClock(now) }
 
 // SetLag makes cache reads see the last Sync (true) or the API server (false).
 func (f *Hub) SetLag(lag bool) {

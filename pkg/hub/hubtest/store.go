@@ -41,6 +41,45 @@ type Store struct {
 	rv   int64
 	uid  int64
 	objs map[schema.GroupVersionKind]map[types.NamespacedName]client.Object
+	// clock is the API server's clock: creation and deletion timestamps,
+	// and the time of a field manager's managedFields entry on each of
+	// its writes (time.Now when unset).
+	clock func() time.Time
+}
+
+// SetClock sets the API server's clock.
+func (s *Store) SetClock(now func() time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clock = now
+}
+
+// now is the API server's time, in whole seconds as it serializes it.
+func (s *Store) now() metav1.Time {
+	t := time.Now()
+	if s.clock != nil {
+		t = s.clock()
+	}
+	return metav1.NewTime(t.UTC().Truncate(time.Second))
+}
+
+// touch records a write of manager on t, as the API server's field manager
+// does: the entry of (manager, Update) gets the server's time. Only writes
+// that name a field manager are recorded.
+func (s *Store) touch(t client.Object, manager string) {
+	if manager == "" {
+		return
+	}
+	now := s.now()
+	entries := t.GetManagedFields()
+	for i := range entries {
+		if entries[i].Manager == manager && entries[i].Operation == metav1.ManagedFieldsOperationUpdate && entries[i].Subresource == "" {
+			entries[i].Time = &now
+			t.SetManagedFields(entries)
+			return
+		}
+	}
+	t.SetManagedFields(append(entries, metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationUpdate, Time: &now}))
 }
 
 // NewStore returns an empty store; indexes are keyed by field name per kind.
@@ -62,7 +101,7 @@ func (s *Store) Index(obj client.Object, field string, extract client.IndexerFun
 func (s *Store) Snapshot() *Store {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := &Store{scheme: s.scheme, mapper: s.mapper, indexes: s.indexes, rv: s.rv, uid: s.uid,
+	out := &Store{scheme: s.scheme, mapper: s.mapper, indexes: s.indexes, rv: s.rv, uid: s.uid, clock: s.clock,
 		objs: make(map[schema.GroupVersionKind]map[types.NamespacedName]client.Object, len(s.objs))}
 	for gvk, objs := range s.objs {
 		m := make(map[types.NamespacedName]client.Object, len(objs))
@@ -211,7 +250,8 @@ func (s *Store) nextRV() string {
 	return strconv.FormatInt(s.rv, 10)
 }
 
-func (s *Store) Create(_ context.Context, obj client.Object, _ ...client.CreateOption) error {
+func (s *Store) Create(_ context.Context, obj client.Object, opts ...client.CreateOption) error {
+	o := (&client.CreateOptions{}).ApplyOptions(opts)
 	t, gvk, err := s.typed(obj)
 	if err != nil {
 		return err
@@ -226,6 +266,10 @@ func (s *Store) Create(_ context.Context, obj client.Object, _ ...client.CreateO
 		s.uid++
 		t.SetUID(types.UID(fmt.Sprintf("store-uid-%d", s.uid)))
 	}
+	if ts := t.GetCreationTimestamp(); ts.IsZero() {
+		t.SetCreationTimestamp(s.now())
+	}
+	s.touch(t, o.FieldManager)
 	t.SetResourceVersion(s.nextRV())
 	if s.objs[gvk] == nil {
 		s.objs[gvk] = map[types.NamespacedName]client.Object{}
@@ -252,7 +296,8 @@ func (s *Store) put(gvk schema.GroupVersionKind, stored, t client.Object, out cl
 	return s.into(t, out)
 }
 
-func (s *Store) Update(_ context.Context, obj client.Object, _ ...client.UpdateOption) error {
+func (s *Store) Update(_ context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	o := (&client.UpdateOptions{}).ApplyOptions(opts)
 	t, gvk, err := s.typed(obj)
 	if err != nil {
 		return err
@@ -266,10 +311,13 @@ func (s *Store) Update(_ context.Context, obj client.Object, _ ...client.UpdateO
 	if rv := t.GetResourceVersion(); rv != "" && rv != stored.GetResourceVersion() {
 		return s.conflict(gvk, t.GetName())
 	}
+	t.SetManagedFields(stored.GetManagedFields())
+	s.touch(t, o.FieldManager)
 	return s.put(gvk, stored, t, obj)
 }
 
-func (s *Store) Patch(_ context.Context, obj client.Object, patch client.Patch, _ ...client.PatchOption) error {
+func (s *Store) Patch(_ context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	manager := (&client.PatchOptions{}).ApplyOptions(opts).FieldManager
 	if patch.Type() != types.MergePatchType && patch.Type() != types.JSONPatchType {
 		panic(fmt.Sprintf("hubtest: patch type %s", patch.Type()))
 	}
@@ -285,7 +333,7 @@ func (s *Store) Patch(_ context.Context, obj client.Object, patch client.Patch, 
 		return s.notFound(gvk, obj.GetName())
 	}
 	if patch.Type() == types.JSONPatchType {
-		return s.applyJSONPatch(gvk, stored, data, obj)
+		return s.applyJSONPatch(gvk, stored, data, obj, manager)
 	}
 	// A resourceVersion in the patch is a precondition (optimistic lock).
 	var lock struct {
@@ -314,6 +362,7 @@ func (s *Store) Patch(_ context.Context, obj client.Object, patch client.Patch, 
 	if err := json.Unmarshal(merged, t); err != nil {
 		return err
 	}
+	s.touch(t.(client.Object), manager)
 	return s.put(gvk, stored, t.(client.Object), obj)
 }
 
@@ -338,7 +387,7 @@ func (s *Store) Delete(_ context.Context, obj client.Object, opts ...client.Dele
 		return nil
 	}
 	t := stored.DeepCopyObject().(client.Object)
-	now := metav1.NewTime(time.Now())
+	now := s.now()
 	t.SetDeletionTimestamp(&now)
 	t.SetResourceVersion(s.nextRV())
 	s.objs[gvk][key] = t
@@ -360,7 +409,7 @@ func (s *Store) IsObjectNamespaced(obj runtime.Object) (bool, error) {
 // answers it (422 Invalid, a generic message, no causes), and status left as
 // stored (the main resource's endpoint ignores status changes). The caller
 // holds s.mu.
-func (s *Store) applyJSONPatch(gvk schema.GroupVersionKind, stored client.Object, data []byte, obj client.Object) error {
+func (s *Store) applyJSONPatch(gvk schema.GroupVersionKind, stored client.Object, data []byte, obj client.Object, manager string) error {
 	p, err := jsonpatch.DecodePatch(data)
 	if err != nil {
 		return apierrors.NewBadRequest(err.Error())
@@ -383,5 +432,6 @@ func (s *Store) applyJSONPatch(gvk schema.GroupVersionKind, stored client.Object
 	if st := reflect.ValueOf(stored).Elem().FieldByName("Status"); st.IsValid() {
 		reflect.ValueOf(t).Elem().FieldByName("Status").Set(st)
 	}
+	s.touch(t.(client.Object), manager)
 	return s.put(gvk, stored, t.(client.Object), obj)
 }

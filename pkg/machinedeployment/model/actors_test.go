@@ -65,15 +65,26 @@ func (w *world) runMachineSets() {
 			}
 		}
 	}
-	// Deleting Machines finish, with their infrastructure machines.
+	// Deleting Machines finish, with their infrastructure machines; the
+	// provider's Machine watch reports each (its delete event).
+	var gone []clusterv1.Machine
 	for _, m := range w.machines() {
 		if m.DeletionTimestamp.IsZero() {
 			continue
 		}
+		last := *m.DeepCopy()
 		m.Finalizers = nil
 		w.must(client.IgnoreNotFound(w.hub.API.Update(ctx, &m)))
 		_ = w.hub.API.Delete(ctx, &infrav1.AWSMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.Name}})
+		gone = append(gone, last)
 	}
+	w.acting.Store(false)
+	for i := range gone {
+		if err := w.provider.MachineDeleted(ctx, &gone[i]); err != nil {
+			w.t.Logf("machine deleted %s: %v", gone[i].Name, err)
+		}
+	}
+	w.acting.Store(true)
 }
 
 // makeMachine is the MachineSet creating one Machine (and its
@@ -169,4 +180,21 @@ func (w *world) healthCheckDelete(m *clusterv1.Machine) {
 	w.acting.Store(true)
 	defer w.acting.Store(false)
 	w.must(client.IgnoreNotFound(w.hub.API.Delete(context.Background(), m)))
+}
+
+// collectGone plays the provider's machinegone controller and core's
+// garbage collection: a launched NodeClaim whose Machine is gone or being
+// deleted (a MachineHealthCheck, someone's scale-down) is deleted.
+func (w *world) collectGone() {
+	live := map[string]bool{}
+	for _, m := range w.machines() {
+		if claim := bound(&m); claim != "" && m.DeletionTimestamp.IsZero() {
+			live[claim] = true
+		}
+	}
+	for _, name := range w.claimNames() {
+		if c := w.claims[name]; c.launched && !c.deleting && !live[name] {
+			w.startDeleting(name)
+		}
+	}
 }

@@ -2,8 +2,8 @@ package model
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -11,42 +11,49 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
-// bindSkew mirrors the provider's tolerance for clock skew (the design's
-// binding condition 4).
-const bindSkew = 10 * time.Second
-
-// checks are the invariants, checked on every write the provider makes,
-// against the API server's state just before it.
+// checks are the invariants of docs/design/machinedeployment-binding.md,
+// checked on every write the provider makes, against the API server's
+// state just before it. There is no exemption: a write that breaks one is
+// a failure whatever led to it.
 func (w *world) checks() interceptor.Funcs {
 	return interceptor.Funcs{
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			if md, ok := obj.(*clusterv1.MachineDeployment); ok && !w.acting.Load() {
-				old := &clusterv1.MachineDeployment{}
-				if err := c.Get(ctx, client.ObjectKeyFromObject(md), old); err == nil {
-					if err := c.Update(ctx, obj, opts...); err != nil {
-						return err
-					}
-					w.checkReplicas(old, md)
-					return nil
-				}
+				w.failf("MachineDeployment %s written with a whole-object Update: the provider patches only what it changes", md.Name)
 			}
 			return c.Update(ctx, obj, opts...)
 		},
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if m, ok := obj.(*clusterv1.Machine); ok && !w.acting.Load() {
+			if w.acting.Load() {
+				return c.Patch(ctx, obj, patch, opts...)
+			}
+			switch o := obj.(type) {
+			case *clusterv1.MachineDeployment:
+				old := &clusterv1.MachineDeployment{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(o), old); err == nil {
+					if err := c.Patch(ctx, obj, patch, opts...); err != nil {
+						return err
+					}
+					now := &clusterv1.MachineDeployment{}
+					_ = c.Get(ctx, client.ObjectKeyFromObject(o), now)
+					w.checkReplicas(old, now)
+					return nil
+				}
+			case *clusterv1.Machine:
 				old := &clusterv1.Machine{}
-				if err := c.Get(ctx, client.ObjectKeyFromObject(m), old); err == nil {
+				if err := c.Get(ctx, client.ObjectKeyFromObject(o), old); err == nil {
 					if err := c.Patch(ctx, obj, patch, opts...); err != nil {
 						return err // refused: nothing happened
 					}
-					w.checkMachinePatch(ctx, c, old, m)
+					now := &clusterv1.Machine{}
+					_ = c.Get(ctx, client.ObjectKeyFromObject(o), now)
+					w.checkMachinePatch(ctx, c, old, now)
 					return nil
 				}
 			}
@@ -68,180 +75,195 @@ func (w *world) checks() interceptor.Funcs {
 	}
 }
 
-// checkReplicas: invariants 3 and 4 (max/min-size, others' replicas).
+// ourMark reports whether a Machine carries the provider's mark.
+func ourMark(m *clusterv1.Machine) bool {
+	return strings.HasPrefix(m.Annotations[clusterv1.DeleteMachineAnnotation], "karpenter-clusterapi")
+}
+
+// mdMachines lists a MachineDeployment's Machines in the API server.
+func (w *world) mdMachines(md string) []clusterv1.Machine {
+	var out []clusterv1.Machine
+	for _, m := range w.machines() {
+		if m.Labels[clusterv1.MachineDeploymentNameLabel] == md {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// stamp resolves a reservation's stamp on the MachineDeployment as read.
+func stamp(md *clusterv1.MachineDeployment, claim string) (time.Time, bool) {
+	pending, _ := hub.PendingNodeClaims(md)
+	at, ok := pending[claim]
+	if !ok {
+		return time.Time{}, false
+	}
+	if at.IsZero() {
+		for _, e := range md.ManagedFields {
+			if e.Manager == machinedeployment.FieldManager && e.Time != nil {
+				return e.Time.Time, true
+			}
+		}
+		return time.Time{}, false
+	}
+	return at, true
+}
+
+// checkReplicas: invariants 1, 3 and 4 on a MachineDeployment write.
 func (w *world) checkReplicas(old, md *clusterv1.MachineDeployment) {
 	before, after := ptr.Deref(old.Spec.Replicas, 0), ptr.Deref(md.Spec.Replicas, 0)
+	oldOwned, hadOwned := owned(old)
+	newOwned, _ := owned(md)
 	if w.trace != nil {
-		oo, _ := owned(old)
-		no, _ := owned(md)
-		w.trace(fmt.Sprintf("  write %s: replicas %d->%d owned %d->%d pending %s -> %s released %s -> %s held %s -> %s", md.Name, before, after, oo, no,
-			old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation],
-			old.Annotations[hub.ReleasedMachinesAnnotation], md.Annotations[hub.ReleasedMachinesAnnotation],
-			old.Annotations[machinedeployment.HeldReplicasAnnotation], md.Annotations[machinedeployment.HeldReplicasAnnotation]))
+		w.trace(fmt.Sprintf("  write %s: replicas %d->%d owned %d->%d pending %s -> %s", md.Name, before, after, oldOwned, newOwned,
+			old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation]))
 	}
+	machines := w.mdMachines(md.Name)
+	// Invariant 1: no unmarked removal. The MachineSet removes
+	// max(Machines, replicas it may still create up to) - replicas
+	// Machines, deleting and marked ones first.
+	var all, deleting, marks int32
+	for _, m := range machines {
+		all++
+		switch {
+		case !m.DeletionTimestamp.IsZero():
+			deleting++
+		case ourMark(&m):
+			marks++
+		}
+	}
+	uncovered := func(x int32) int32 { return max(0, max(all, before)-x-deleting-marks) }
+	if after < before && uncovered(after) > uncovered(before) {
+		w.failf("MachineDeployment %s lowered %d->%d with %d Machines, %d deleting and %d marked by the provider: the MachineSet removes %d unmarked Machine(s) more",
+			md.Name, before, after, all, deleting, marks, uncovered(after)-uncovered(before))
+	}
+	// Invariant 3.
 	if after > before {
 		if maxSize, ok := bound32(md, instancetype.MaxSizeAnnotation); ok && after > maxSize {
 			w.failf("MachineDeployment %s raised to %d replicas, past max-size %d", md.Name, after, maxSize)
 		}
 	}
-	if after < before {
-		if minSize, ok := bound32(md, instancetype.MinSizeAnnotation); ok && after < minSize {
-			w.failf("MachineDeployment %s lowered to %d replicas, below min-size %d", md.Name, after, minSize)
-		}
-		if o, ok := owned(old); ok && o <= before && w.strictMarks {
-			w.checkLoweredWithMarks(md.Name, before, after)
-		}
+	minSize, hasMin := bound32(md, instancetype.MinSizeAnnotation)
+	if after < before && hasMin && after < minSize {
+		w.failf("MachineDeployment %s lowered to %d replicas, below min-size %d", md.Name, after, minSize)
 	}
-	// A replica is held only for a NodeClaim that is gone.
-	oldHeld, newHeld := held(old), held(md)
-	for claim := range newHeld {
-		if _, was := oldHeld[claim]; was {
-			continue
-		}
-		if err := w.spoke.Get(context.Background(), types.NamespacedName{Name: claim}, &karpv1.NodeClaim{}); err == nil {
-			w.failf("MachineDeployment %s holds the replica of NodeClaim %s, which exists", md.Name, claim)
-		}
+	if !hadOwned {
+		oldOwned = newOwned - (after - before) // a first count: others' share is what was there
 	}
-	oldOwned, hadOwned := owned(old)
-	newOwned, hasOwned := owned(md)
-	if after > before && hasOwned && (!hadOwned || newOwned > oldOwned) {
-		w.checkNoReservationToTakeOver(old)
+	othersBefore, othersAfter := before-oldOwned, after-newOwned
+	// Invariant 4: others' replicas never decrease...
+	if othersAfter < othersBefore {
+		w.failf("MachineDeployment %s: others' replicas went from %d to %d by the provider's write (replicas %d->%d, owned %d->%d)",
+			md.Name, othersBefore, othersAfter, before, after, oldOwned, newOwned)
 	}
-	if hadOwned && hasOwned && after-newOwned < before-oldOwned {
-		w.failf("MachineDeployment %s: others' replicas went from %d to %d by the provider's write (replicas %d->%d, owned %d->%d, pending %s -> %s)",
-			md.Name, before-oldOwned, after-newOwned, before, after, oldOwned, newOwned, old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation])
-	}
-	// Invariant 4b: the provider hands replicas to others (owned down,
-	// replicas not) only to make up a deficit (someone else lowered the
-	// replicas below Karpenter's count: they took Karpenter's) or at
-	// min-size (the replica passes to whoever set the minimum). Handing
-	// one over otherwise leaves a Machine that no one asked for, unbound
-	// for ever (conformance, StaticCapacity drift: a reservation dropped
-	// as lost while a released Machine the MachineSet kept stood in its
-	// place, no one else writing replicas).
-	if hadOwned && hasOwned && after-newOwned > before-oldOwned {
-		minSize, hasMin := bound32(md, instancetype.MinSizeAnnotation)
-		if deficit := max(oldOwned-before, 0); !(hasMin && after <= minSize) && after-newOwned-(before-oldOwned) > deficit {
-			w.failf("MachineDeployment %s: the provider's write gave others %d replicas with no deficit to make up (others' %d->%d; replicas %d->%d, owned %d->%d, pending %s -> %s)",
-				md.Name, after-newOwned-(before-oldOwned), before-oldOwned, after-newOwned, before, after, oldOwned, newOwned,
-				old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation])
+	// ...and increase only to make up a deficit, at min-size, or for a
+	// reservation no Machine can serve (its MachineSet settled with no
+	// Machine made since the raise: the MachineSet removed Karpenter's
+	// Machine for someone else's lowering).
+	if gain := othersAfter - othersBefore; gain > 0 {
+		allowed := max(oldOwned-before, 0)
+		if hasMin && after <= minSize {
+			allowed = gain
 		}
-	}
-}
-
-// takeoverAge mirrors the provider's: a reservation at least this old
-// whose NodeClaim is gone is taken over by the next claim's reservation.
-const takeoverAge = 5 * time.Second
-
-// checkNoReservationToTakeOver: the provider raises a replica only when no
-// reservation on the MachineDeployment belongs to a NodeClaim that is gone
-// without a Machine bound to it (Karpenter's launch timeout deleted it): a
-// new claim takes such a reservation over, or the MachineSet makes two
-// Machines for one NodeClaim (make bench-1000: 1 054 replicas for 1 000).
-func (w *world) checkNoReservationToTakeOver(old *clusterv1.MachineDeployment) {
-	pending, _ := hub.PendingNodeClaims(old)
-	for claim, raised := range pending {
-		if _, lives := w.claims[claim]; lives || w.now.Sub(raised) < takeoverAge {
-			continue
-		}
-		// Bound (unmarked, live) by the API server or by the hub cache the
-		// provider reads: a cache that lags behind a release may still show
-		// the claim's Machine bound, and a bound claim's reservation is
-		// never taken (on doubt, raise).
-		cached := &clusterv1.MachineList{}
-		w.must(w.hub.Hub.GetCache().List(context.Background(), cached))
-		boundTo := ""
-		for _, m := range append(w.machines(), cached.Items...) {
-			if bound(&m) == claim && m.DeletionTimestamp.IsZero() && !marked(&m) {
-				boundTo = m.Name
+		oldPending, _ := hub.PendingNodeClaims(old)
+		newPending, _ := hub.PendingNodeClaims(md)
+		settled := all == before && deleting == 0
+		for claim := range oldPending {
+			if _, kept := newPending[claim]; kept || !settled {
+				continue
+			}
+			at, ok := stamp(old, claim)
+			if !ok {
+				continue
+			}
+			eligible := false
+			for _, m := range machines {
+				if m.DeletionTimestamp.IsZero() && !marked(&m) && bound(&m) == "" && !m.CreationTimestamp.Time.Before(at) && !m.Status.NodeRef.IsDefined() {
+					eligible = true
+				}
+			}
+			if !eligible {
+				allowed++
 			}
 		}
-		if boundTo == "" {
-			w.failf("MachineDeployment %s raised while NodeClaim %s, gone, left a reservation (raised %s) to take over", old.Name, claim, raised)
+		// Replicas Karpenter counted that no bound Machine, reservation
+		// or provider mark accounts for (a bound Machine deleted unseen).
+		var boundLive int32
+		for _, m := range machines {
+			if m.DeletionTimestamp.IsZero() && bound(&m) != "" && !ourMark(&m) {
+				boundLive++
+			}
 		}
-	}
-	// Nor while a Machine of it, bound to a NodeClaim deleted before it
-	// launched, waits for a successor to adopt it: live, unmarked, without
-	// a Node, and so in the API server and in the provider's cache alike
-	// (a cache that lags may show it otherwise), its NodeClaim's deletion
-	// seen by this process.
-	cached := &clusterv1.MachineList{}
-	w.must(w.hub.Hub.GetCache().List(context.Background(), cached))
-	inCache := map[string]clusterv1.Machine{}
-	for _, m := range cached.Items {
-		inCache[m.Name] = m
-	}
-	adoptable := func(m *clusterv1.Machine) bool {
-		claim := bound(m)
-		_, lives := w.claims[claim]
-		return claim != "" && !lives && w.goneSeen[claim] && m.DeletionTimestamp.IsZero() && !marked(m) && !m.Status.NodeRef.IsDefined() &&
-			m.Labels[clusterv1.MachineDeploymentNameLabel] == old.Name
-	}
-	for _, m := range w.machines() {
-		if c, ok := inCache[m.Name]; ok && adoptable(&m) && adoptable(&c) && bound(&c) == bound(&m) {
-			w.failf("MachineDeployment %s raised while Machine %s of NodeClaim %s, gone before it launched, waited for a successor", old.Name, m.Name, bound(&m))
+		if settled && marks == 0 {
+			allowed += max(0, oldOwned-boundLive-int32(len(oldPending)))
+		}
+		if gain > allowed {
+			w.failf("MachineDeployment %s: the provider's write gave others %d replica(s), %d allowed (deficit, min-size, stranded) (replicas %d->%d, owned %d->%d, pending %s -> %s)",
+				md.Name, gain, allowed, before, after, oldOwned, newOwned, old.Annotations[hub.PendingNodeClaimsAnnotation], md.Annotations[hub.PendingNodeClaimsAnnotation])
 		}
 	}
 }
 
-// checkMachinePatch: invariants 1, 2 and 5 on a binding or a mark.
+// checkMachinePatch: invariants 2 and 5 on a binding or a mark.
 func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *clusterv1.Machine) {
 	if w.trace != nil && (bound(old) != bound(m) || marked(old) != marked(m)) {
-		w.trace(fmt.Sprintf("  patch %s: bound %q -> %q, marked %v -> %v", m.Name, bound(old), bound(m), marked(old), marked(m)))
+		w.trace(fmt.Sprintf("  patch %s: bound %q -> %q, marked %q -> %q", m.Name, bound(old), bound(m),
+			old.Annotations[clusterv1.DeleteMachineAnnotation], m.Annotations[clusterv1.DeleteMachineAnnotation]))
 	}
-	if claim := bound(m); claim != "" && bound(old) == "" {
+	md := &clusterv1.MachineDeployment{}
+	mdErr := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: m.Labels[clusterv1.MachineDeploymentNameLabel]}, md)
+	if claim := bound(m); claim != "" && bound(old) != claim {
+		st, lives := w.claims[claim]
 		switch {
+		case bound(old) != "":
+			w.failf("Machine %s moved from NodeClaim %s to %s", m.Name, bound(old), claim)
 		case w.userOwned[m.Name]:
 			w.failf("Machine %s of someone else (long running, with a Node) bound to %s", m.Name, claim)
 		case old.Status.NodeRef.IsDefined():
 			w.failf("Machine %s bound to %s while it had a Node", m.Name, claim)
 		case !old.DeletionTimestamp.IsZero() || marked(old):
 			w.failf("Machine %s bound to %s while being deleted or marked", m.Name, claim)
+		case !lives || st.deleting || st.launched:
+			w.failf("Machine %s bound to NodeClaim %s, which is gone, terminating or launched", m.Name, claim)
 		}
-		md := &clusterv1.MachineDeployment{}
-		if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: m.Labels[clusterv1.MachineDeploymentNameLabel]}, md); err == nil {
-			pending, _ := hub.PendingNodeClaims(md)
-			since, ok := pending[claim]
+		if mdErr == nil {
+			at, ok := stamp(md, claim)
 			if !ok {
 				w.failf("Machine %s bound to %s, which has no reservation on %s", m.Name, claim, md.Name)
-			} else if old.CreationTimestamp.Time.Before(since.Add(-bindSkew)) {
-				w.failf("Machine %s (created %s) bound to %s reserved at %s: not made for its raise", m.Name, old.CreationTimestamp, claim, since)
+			} else if old.CreationTimestamp.Time.Before(at) {
+				w.failf("Machine %s (created %s) bound to %s reserved at %s: it existed before the raise", m.Name, old.CreationTimestamp.UTC(), claim, at)
 			}
 		}
 		for _, other := range w.machines() {
-			if other.Name != m.Name && bound(&other) == claim && other.DeletionTimestamp.IsZero() && !marked(&other) {
+			if other.Name != m.Name && bound(&other) == claim && other.DeletionTimestamp.IsZero() && !ourMark(&other) {
 				w.failf("NodeClaim %s bound to Machine %s while bound to %s", claim, m.Name, other.Name)
 			}
 		}
 	}
-	if was, now := bound(old), bound(m); was != "" && now != was {
-		// Adopted by a successor: only from a NodeClaim that is gone, to
-		// one that lives and has no other Machine, a Machine never marked,
-		// deleted or with a Node.
-		_, wasLives := w.claims[was]
-		_, nowLives := w.claims[now]
-		switch {
-		case wasLives:
-			w.failf("Machine %s moved from NodeClaim %s, which lives, to %s", m.Name, was, now)
-		case !nowLives:
-			w.failf("Machine %s moved from NodeClaim %s to %s, which does not exist", m.Name, was, now)
-		case old.Status.NodeRef.IsDefined() || !old.DeletionTimestamp.IsZero() || marked(old):
-			w.failf("Machine %s moved from NodeClaim %s to %s while it had a Node, was marked or deleted", m.Name, was, now)
-		}
-		for _, other := range w.machines() {
-			if other.Name != m.Name && bound(&other) == now && other.DeletionTimestamp.IsZero() && !marked(&other) {
-				w.failf("NodeClaim %s adopted Machine %s while bound to %s", now, m.Name, other.Name)
+	if ourMark(m) && !ourMark(old) {
+		if bound(old) == "" {
+			// Marked to give a reservation back with: made for it.
+			key := strings.TrimPrefix(m.Annotations[clusterv1.DeleteMachineAnnotation], "karpenter-clusterapi: replica of NodeClaim ")
+			key, _, _ = strings.Cut(key, " ")
+			if mdErr == nil {
+				if at, ok := stamp(md, key); !ok {
+					w.failf("unbound Machine %s marked for reservation %q, which %s does not hold", m.Name, key, md.Name)
+				} else if old.CreationTimestamp.Time.Before(at) {
+					w.failf("unbound Machine %s (created %s) marked to give back %s's reservation of %s: it existed before the raise", m.Name, old.CreationTimestamp.UTC(), key, at)
+				}
 			}
+			if w.userOwned[m.Name] {
+				w.failf("Machine %s of someone else marked", m.Name)
+			}
+		} else {
+			w.checkRemoval(old, "marked")
 		}
-	}
-	if marked(m) && !marked(old) {
-		w.checkRemoval(old, "marked")
 	}
 }
 
 // checkRemoval: the provider marks or deletes a bound Machine only when its
-// NodeClaim is being deleted or gone, or its launch failed; an unbound one
-// only to give a spare replica back (marked, never deleted).
+// NodeClaim is being deleted or gone, or its launch failed; it never
+// deletes an unbound one.
 func (w *world) checkRemoval(old *clusterv1.Machine, what string) {
 	claim := bound(old)
 	if claim == "" {
@@ -257,7 +279,7 @@ func (w *world) checkRemoval(old *clusterv1.Machine, what string) {
 
 func bound32(md *clusterv1.MachineDeployment, key string) (int32, bool) {
 	v, ok := md.Annotations[key]
-	if !ok {
+	if !ok || v == "" {
 		return 0, false
 	}
 	n := int32(0)
@@ -270,12 +292,12 @@ func bound32(md *clusterv1.MachineDeployment, key string) (int32, bool) {
 	return n, true
 }
 
-// checkState: invariant 1 on the state after a step.
+// checkState: invariant 5 on the state after a step.
 func (w *world) checkState() {
 	byClaim := map[string]string{}
 	for _, m := range w.machines() {
 		claim := bound(&m)
-		if claim == "" || !m.DeletionTimestamp.IsZero() || marked(&m) {
+		if claim == "" || !m.DeletionTimestamp.IsZero() || ourMark(&m) {
 			continue
 		}
 		if other, ok := byClaim[claim]; ok {
@@ -285,108 +307,53 @@ func (w *world) checkState() {
 	}
 }
 
-// held reads the held-replicas annotation (API server's truth).
-func held(md *clusterv1.MachineDeployment) map[string]struct{ Raised, Held time.Time } {
-	out := map[string]struct{ Raised, Held time.Time }{}
-	if raw := md.Annotations[machinedeployment.HeldReplicasAnnotation]; raw != "" {
-		_ = json.Unmarshal([]byte(raw), &out)
-	}
-	return out
-}
-
-// checkHeld: a held replica no reservation takes is given back within
-// OrphanGrace of being held and of its MachineSet settling (as many live
-// Machines as replicas), plus a few passes.
-func (w *world) checkHeld() {
-	for _, name := range w.mds {
-		md := w.md(name)
-		if ptr.Deref(md.Spec.Replicas, 0) != int32(w.liveMachines(name)) {
-			w.unsettled[name] = w.now
-		}
-		for claim, h := range held(md) {
-			since := h.Held
-			if w.unsettled[name].After(since) {
-				since = w.unsettled[name]
-			}
-			if age := w.now.Sub(since); age > machinedeployment.OrphanGrace+20*time.Second {
-				w.failf("MachineDeployment %s has held the replica of NodeClaim %s for %s since it was held or its MachineSet settled", name, claim, age)
-			}
-		}
-	}
-}
-
 // checkSettled: invariant 6, once nothing changes.
 func (w *world) checkSettled() {
 	for _, name := range w.claimNames() {
 		if c := w.claims[name]; !c.launched && !c.deleting {
-			w.failf("NodeClaim %s never launched", name)
+			w.failf("settled: NodeClaim %s never launched", name)
 		}
 	}
 	for _, name := range w.mds {
 		md := w.md(name)
 		pending, _ := hub.PendingNodeClaims(md)
 		n, ok := owned(md)
-		boundMachines := int32(0)
-		live := int32(0)
-		for _, m := range w.machines() {
-			if m.Labels[clusterv1.MachineDeploymentNameLabel] != name || !m.DeletionTimestamp.IsZero() {
+		var boundMachines, live int32
+		for _, m := range w.mdMachines(name) {
+			if !m.DeletionTimestamp.IsZero() {
 				continue
 			}
 			live++
-			if bound(&m) != "" && !marked(&m) {
+			if bound(&m) != "" && !ourMark(&m) {
 				boundMachines++
 			}
 		}
-		if !ok || n != boundMachines+int32(len(pending)) || len(pending) > 0 {
+		r := ptr.Deref(md.Spec.Replicas, 0)
+		if !ok || n != boundMachines || len(pending) > 0 {
 			if w.trace != nil {
-				for _, m := range w.machines() {
-					if m.Labels[clusterv1.MachineDeploymentNameLabel] == name {
-						w.trace(fmt.Sprintf("  machine %s claim=%q mark=%q deleting=%v node=%v created=%s", m.Name, bound(&m),
-							m.Annotations[clusterv1.DeleteMachineAnnotation], !m.DeletionTimestamp.IsZero(), m.Status.NodeRef.IsDefined(), m.CreationTimestamp.UTC().Format(time.TimeOnly)))
-					}
+				for _, m := range w.mdMachines(name) {
+					w.trace(fmt.Sprintf("  machine %s claim=%q mark=%q deleting=%v node=%v created=%s", m.Name, bound(&m),
+						m.Annotations[clusterv1.DeleteMachineAnnotation], !m.DeletionTimestamp.IsZero(), m.Status.NodeRef.IsDefined(), m.CreationTimestamp.UTC().Format(time.TimeOnly)))
 				}
-				w.trace("  " + name + " replicas " + fmt.Sprint(ptr.Deref(md.Spec.Replicas, 0)) + " annotations " + fmt.Sprint(md.Annotations))
+				w.trace("  " + name + " replicas " + fmt.Sprint(r) + " annotations " + fmt.Sprint(md.Annotations))
 			}
-			w.failf("settled: MachineDeployment %s owns %d (%v) replicas, %d bound Machines and %d reservations", name, n, ok, boundMachines, len(pending))
+			w.failf("settled: MachineDeployment %s owns %d (%v) replicas, %d bound Machines and %d reservations %v", name, n, ok, boundMachines, len(pending), pending)
 		}
-		if len(pending) > 0 {
-			w.failf("settled: MachineDeployment %s still holds reservations %v", name, pending)
-		}
-		if h := held(md); len(h) > 0 {
-			w.failf("settled: MachineDeployment %s still holds replicas %v", name, h)
-		}
-		if r := ptr.Deref(md.Spec.Replicas, 0); r != live {
+		if r != live {
 			w.failf("settled: MachineDeployment %s has %d replicas and %d live Machines", name, r, live)
 		}
 	}
 }
 
-// checkLoweredWithMarks: invariant 7. A replica the provider lowers goes
-// with a Machine of its own, marked (or being deleted) before the write: the
-// write never leaves the MachineSet more Machines to remove by its own order
-// than it had before (it removes deleting and marked Machines first, then
-// Node-less ones, then any, a bound running node among them). Found by the
-// e2e RollingUpdate drift: two spare replicas were given back with one
-// Machine, and the MachineSet deleted a running node's Machine for the
-// second. Checked only where the world sets strictMarks, and only on writes
-// made without a deficit (others' replicas not below zero); the design doc
-// lists the paths that still break it.
-func (w *world) checkLoweredWithMarks(md string, before, after int32) {
-	var all, marks int32
-	var names []string
-	for _, m := range w.machines() {
-		if m.Labels[clusterv1.MachineDeploymentNameLabel] != md {
-			continue
-		}
-		all++
-		if !m.DeletionTimestamp.IsZero() || marked(&m) {
-			marks++
-			names = append(names, m.Name)
+// held lists a MachineDeployment's reservations whose NodeClaim is gone:
+// the replicas kept for the next NodeClaim.
+func (w *world) held(md *clusterv1.MachineDeployment) map[string]time.Time {
+	pending, _ := hub.PendingNodeClaims(md)
+	out := map[string]time.Time{}
+	for claim, at := range pending {
+		if _, lives := w.claims[claim]; !lives {
+			out[claim] = at
 		}
 	}
-	unmarkedRemovals := func(replicas int32) int32 { return max(max(all-replicas, 0)-marks, 0) }
-	if was, now := unmarkedRemovals(before), unmarkedRemovals(after); now > was {
-		w.failf("MachineDeployment %s lowered %d->%d with %d Machines, %d of them marked or deleting (%v): the MachineSet picks %d more by its own order",
-			md, before, after, all, marks, names, now-was)
-	}
+	return out
 }

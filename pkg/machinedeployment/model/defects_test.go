@@ -228,7 +228,7 @@ func TestReplicasStayWithinMinAndMaxSize(t *testing.T) {
 		m := w.machineOf(a)
 		// The owner sets the minimum at the current size.
 		w.setAnnotation("cheap", instancetype.MinSizeAnnotation, "3")
-		w.claims[a].deleting = true
+		w.startDeleting(a)
 		w.rounds(10, func() bool { _, ok := w.claims[a]; return !ok })
 		w.rounds(3, func() bool { return false })
 		if got := w.replicas("cheap"); got != 3 {
@@ -285,7 +285,7 @@ func TestNodeClaimDeletedWhileTheCacheLagsReleasesItsMachine(t *testing.T) {
 		t.Fatal("no Machine bound to the NodeClaim")
 	}
 	// Core deletes the NodeClaim; the cache does not show the binding.
-	w.claims[a].deleting = true
+	w.startDeleting(a)
 	if err := w.remove(a); err != nil {
 		t.Logf("Delete: %v", err)
 	}

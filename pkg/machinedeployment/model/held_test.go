@@ -48,7 +48,7 @@ func TestANodeClaimTimedOutBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.
 	if got := w.replicas("cheap"); got != 1 {
 		t.Fatalf("cheap has %d replicas once NodeClaim %s is gone, want 1: the replica is held, not given back", got, a)
 	}
-	if h := held(w.md("cheap")); len(h) != 1 {
+	if h := w.held(w.md("cheap")); len(h) != 1 {
 		t.Fatalf("cheap holds %v, want the replica of %s", h, a)
 	}
 	// The MachineSet gets to it: the Machine made for a's raise.
@@ -73,8 +73,8 @@ func TestANodeClaimTimedOutBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.
 		t.Errorf("%d Machines, want 1: the held replica's Machine was undone and made again", len(ms))
 	}
 	md := w.md("cheap")
-	if n, _ := owned(md); n != 1 || len(held(md)) != 0 {
-		t.Errorf("cheap owns %d replicas and holds %v, want 1 (b's) and none", n, held(md))
+	if n, _ := owned(md); n != 1 || len(w.held(md)) != 0 {
+		t.Errorf("cheap owns %d replicas and holds %v, want 1 (b's) and none", n, w.held(md))
 	}
 }
 
@@ -94,8 +94,8 @@ func TestAHeldReplicaNoNodeClaimTakesIsGivenBack(t *testing.T) {
 	w.noFailures(t)
 	md := w.md("cheap")
 	n, _ := owned(md)
-	if r, live := w.replicas("cheap"), w.liveMachines("cheap"); r != 0 || live != 0 || n != 0 || len(held(md)) != 0 {
-		t.Errorf("cheap has %d replicas, %d live Machines, owns %d, holds %v: want the held replica given back with its Machine", r, live, n, held(md))
+	if r, live := w.replicas("cheap"), w.liveMachines("cheap"); r != 0 || live != 0 || n != 0 || len(w.held(md)) != 0 {
+		t.Errorf("cheap has %d replicas, %d live Machines, owns %d, holds %v: want the held replica given back with its Machine", r, live, n, w.held(md))
 	}
 }
 
@@ -168,7 +168,7 @@ func TestAHeldReplicaWaitsWhileItsMachineSetStillMakesMachines(t *testing.T) {
 		w.reconcile()
 	}
 	w.noFailures(t)
-	if got, h := w.replicas("cheap"), held(w.md("cheap")); got != 1 || len(h) != 1 {
+	if got, h := w.replicas("cheap"), w.held(w.md("cheap")); got != 1 || len(h) != 1 {
 		t.Fatalf("cheap has %d replicas and holds %v while its MachineSet has made nothing: want the replica still held", got, h)
 	}
 	w.stalled["cheap"] = false
@@ -215,8 +215,8 @@ func TestASuccessorReservingBeforeTheHoldTakesTheGoneClaimsReplica(t *testing.T)
 		t.Errorf("%d Machines, want 1: one Machine for one NodeClaim", len(ms))
 	}
 	md := w.md("cheap")
-	if n, _ := owned(md); n != 1 || len(held(md)) != 0 {
-		t.Errorf("cheap owns %d replicas and holds %v, want 1 (b's) and none", n, held(md))
+	if n, _ := owned(md); n != 1 || len(w.held(md)) != 0 {
+		t.Errorf("cheap owns %d replicas and holds %v, want 1 (b's) and none", n, w.held(md))
 	}
 }
 
@@ -266,8 +266,8 @@ func TestASuccessorAdoptsTheMachineOfANodeClaimThatTimedOutBeforeItLaunched(t *t
 	}
 	w.rounds(40, func() bool { return false })
 	md := w.md("cheap")
-	if n, _ := owned(md); n != 1 || w.replicas("cheap") != 1 || len(held(md)) != 0 {
-		t.Errorf("cheap: replicas %d, owned %d, held %v; want 1, 1, none", w.replicas("cheap"), n, held(md))
+	if n, _ := owned(md); n != 1 || w.replicas("cheap") != 1 || len(w.held(md)) != 0 {
+		t.Errorf("cheap: replicas %d, owned %d, held %v; want 1, 1, none", w.replicas("cheap"), n, w.held(md))
 	}
 }
 

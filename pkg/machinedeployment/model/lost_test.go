@@ -23,7 +23,6 @@ import (
 // already made, no replica beyond one per NodeClaim.
 func TestAClaimWhoseMachineTheMachineSetRemovedTakesTheMachineKeptInItsPlace(t *testing.T) {
 	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
-	w.strictMarks = true
 	a, b := w.newClaim(), w.newClaim()
 	w.now = w.now.Add(time.Second)
 	for _, c := range []string{a, b} {

@@ -30,7 +30,7 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 	case r < 25:
 		for _, name := range w.claimNames() { // sorted: a seed replays exactly
 			if c := w.claims[name]; c.launched && !c.deleting {
-				c.deleting = true // consolidation, expiry, drift
+				w.startDeleting(name) // consolidation, expiry, drift
 				log("delete NodeClaim " + name)
 				break
 			}
@@ -103,7 +103,6 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 	}
 	w.act(rng)
 	w.checkState()
-	w.checkHeld()
 }
 
 // act lets core, the provider's controller, Cluster API and the
@@ -127,6 +126,7 @@ func (w *world) act(rng *rand.Rand) {
 		w.reconcile,
 		w.runMachineSets,
 		w.runInfrastructure,
+		w.collectGone,
 	}
 	rng.Shuffle(len(turns), func(i, j int) { turns[i], turns[j] = turns[j], turns[i] })
 	for _, turn := range turns {

@@ -211,7 +211,7 @@ func TestAReleasedClaimsReplicaIsGivenBackOnce(t *testing.T) {
 		t.Fatalf("setup: want %s's reservation still listed beside its bound Machine, got %v", a, got)
 	}
 	mb := w.machineOf(b)
-	w.claims[a].deleting = true
+	w.startDeleting(a)
 	w.rounds(60, func() bool { return false })
 	w.noFailures(t)
 	if m := w.machineOf(b); m == nil || m.Name != mb.Name {
@@ -251,7 +251,7 @@ func TestAReleasedMachineItsMachineSetKeepsIsDeleted(t *testing.T) {
 	ma := w.machineOf(a)
 	// a is deleted; as its Machine is released, someone raises cheap by
 	// one: the MachineSet keeps the marked Machine.
-	w.claims[a].deleting = true
+	w.startDeleting(a)
 	w.acting.Store(true)
 	lookup := hub.NewLookup(w.hub.Hub, nil)
 	m, err := lookup.Find(context.Background(), a, nil, "")
@@ -262,7 +262,7 @@ func TestAReleasedMachineItsMachineSetKeepsIsDeleted(t *testing.T) {
 	// Someone else deletes b's Machine, and Karpenter deletes b: its
 	// replica is spare, to be given back with the Machine made in its place.
 	w.healthCheckDelete(w.machineOf(b))
-	w.claims[b].deleting = true
+	w.startDeleting(b)
 	w.rounds(120, func() bool { return len(w.claims) == 0 })
 	w.rounds(60, func() bool { return false })
 	w.noFailures(t)
@@ -298,7 +298,7 @@ func releaseAndRaiseCancelOut(t *testing.T) (*world, string, string) {
 	w.hub.Sync()
 	c := w.newClaim()
 	_ = w.create(c) // raised: replicas 2
-	w.claims[a].deleting = true
+	w.startDeleting(a)
 	_ = w.remove(a) // released: replicas 1, the MachineSet keeps a's marked Machine
 	w.runMachineSets()
 	return w, a, c

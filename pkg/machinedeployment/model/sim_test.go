@@ -89,16 +89,9 @@ type world struct {
 	machinesMade int
 	failures     []string
 	synced       time.Time // when the cache last caught up
-	// goneSeen are the NodeClaims deleted since the provider last started
-	// (the deletions its NodeClaim watch reported).
-	goneSeen map[string]bool
 	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
 	// write the provider makes.
 	trace func(string)
-	// strictMarks checks invariant 7 (checkLoweredWithMarks) on every
-	// write. The randomized model does not yet: some give-backs without an
-	// unbound Machine of their own still break it (design doc, invariant 7).
-	strictMarks bool
 }
 
 // newWorld builds a world with member MachineDeployments "cheap" and "dear"
@@ -107,6 +100,7 @@ func newWorld(t testing.TB, replicas map[string]int32, mdAnnotations map[string]
 	w := &world{t: t, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), claims: map[string]*claimState{},
 		exhausted: map[string]bool{}, stalled: map[string]bool{}, unsettled: map[string]time.Time{}, userOwned: map[string]bool{}}
 	w.hub = hubtest.New(hub.Scope{Namespace: ns, ClusterName: cluster}, w.checks())
+	w.hub.SetClock(w.clock)
 	w.spoke = fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
 	w.acting.Store(true)
 	for i, name := range []string{"cheap", "dear"} {
@@ -203,7 +197,6 @@ func (w *world) restartLagging() {
 	w.provider.SetClock(w.clock)
 	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return fired })
 	w.controller = machinedeployment.NewController(w.provider, w.spoke, w.spoke)
-	w.goneSeen = map[string]bool{}
 }
 
 // reconcile runs the provider's controller on every MachineDeployment.
@@ -222,7 +215,8 @@ func (w *world) newClaim() string {
 	name := fmt.Sprintf("nc-%d", w.seq)
 	w.acting.Store(true)
 	defer w.acting.Store(false)
-	w.must(w.spoke.Create(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(w.now)}}))
+	w.must(w.spoke.Create(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(w.now),
+		Finalizers: []string{karpv1.TerminationFinalizer}}}))
 	w.claims[name] = &claimState{created: w.now}
 	return name
 }
@@ -261,8 +255,9 @@ func (w *world) create(name string) error {
 			w.failf("Launch returned Machine %s without a providerID", m.Name)
 		}
 		c.launched = true
+		w.setProviderID(name, m.Spec.ProviderID)
 	case cloudprovider.IsInsufficientCapacityError(err):
-		c.deleting = true // core deletes the NodeClaim and re-plans
+		w.startDeleting(name) // core deletes the NodeClaim and re-plans
 	}
 	return err
 }
@@ -278,7 +273,7 @@ func (w *world) remove(name string) error {
 	if errors.Is(err, machinedeployment.ErrMachineGone) {
 		w.acting.Store(true)
 		defer w.acting.Store(false)
-		w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
+		w.gone(name)
 		delete(w.claims, name)
 		w.deleted(name)
 		return nil
@@ -291,7 +286,7 @@ func (w *world) remove(name string) error {
 func (w *world) timeOut(name string) {
 	w.acting.Store(true)
 	defer w.acting.Store(false)
-	w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
+	w.gone(name)
 	delete(w.claims, name)
 	w.deleted(name)
 }
@@ -299,7 +294,6 @@ func (w *world) timeOut(name string) {
 // deleted is the provider's NodeClaim watch reporting a deletion.
 func (w *world) deleted(name string) {
 	w.provider.NodeClaimDeleted(name)
-	w.goneSeen[name] = true
 }
 
 func (w *world) failf(format string, args ...any) {
@@ -339,4 +333,49 @@ func (w *world) infraFailed(m *clusterv1.Machine) bool {
 		return false
 	}
 	return am.Status.FailureReason != nil
+}
+
+// startDeleting is core deleting a NodeClaim: it is terminating (its
+// finalizer holds it) until its Machine is gone.
+func (w *world) startDeleting(name string) {
+	c, ok := w.claims[name]
+	if !ok || c.deleting {
+		return
+	}
+	c.deleting = true
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
+}
+
+// gone is core's finalizer letting the NodeClaim go.
+func (w *world) gone(name string) {
+	ctx := context.Background()
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	nc := &karpv1.NodeClaim{}
+	if err := w.spoke.Get(ctx, types.NamespacedName{Name: name}, nc); err != nil {
+		return
+	}
+	if nc.DeletionTimestamp.IsZero() {
+		w.must(w.spoke.Delete(ctx, nc))
+		if err := w.spoke.Get(ctx, types.NamespacedName{Name: name}, nc); err != nil {
+			return
+		}
+	}
+	nc.Finalizers = nil
+	w.must(client.IgnoreNotFound(w.spoke.Update(ctx, nc)))
+}
+
+// setProviderID is core recording a launched NodeClaim's providerID.
+func (w *world) setProviderID(name, id string) {
+	ctx := context.Background()
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	nc := &karpv1.NodeClaim{}
+	if err := w.spoke.Get(ctx, types.NamespacedName{Name: name}, nc); err != nil {
+		return
+	}
+	nc.Status.ProviderID = id
+	w.must(w.spoke.Update(ctx, nc))
 }

@@ -22,7 +22,6 @@ import (
 // six minutes). Each give-back must go with a Machine of its own.
 func TestTwoSpareReplicasAreGivenBackWithTwoMachines(t *testing.T) {
 	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
-	w.strictMarks = true
 	a, b, c := w.newClaim(), w.newClaim(), w.newClaim()
 	w.mustLaunch(t, 20, a, b, c)
 	w.rounds(30, func() bool { p, _ := hub.PendingNodeClaims(w.md("cheap")); return len(p) == 0 })

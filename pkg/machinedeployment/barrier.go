@@ -1,0 +1,88 @@
+package machinedeployment
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// barrier remembers the resourceVersion of each object this process wrote
+// until the cache shows that version or a later one. A decision that writes
+// is taken only on a cache that shows this process's own writes: the one
+// in-memory cache the binding protocol keeps (design doc, "Memory"). An
+// entry older than barrierTTL is forgotten (the object went, or the
+// informer relisted past it): a restarted process has none either.
+type barrier struct {
+	mu      sync.Mutex
+	pending map[barrierKey]barrierEntry
+	now     func() time.Time
+}
+
+type barrierKey struct {
+	kind string
+	key  types.NamespacedName
+}
+
+type barrierEntry struct {
+	rv int64
+	at time.Time
+}
+
+const barrierTTL = 30 * time.Second
+
+func (b *barrier) record(kind string, obj client.Object) {
+	rv, err := strconv.ParseInt(obj.GetResourceVersion(), 10, 64)
+	if err != nil {
+		return // not comparable: nothing to wait for
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pending == nil {
+		b.pending = map[barrierKey]barrierEntry{}
+	}
+	b.pending[barrierKey{kind, client.ObjectKeyFromObject(obj)}] = barrierEntry{rv: rv, at: b.now()}
+}
+
+// shows reports whether a cached object (nil: not in the cache, gone)
+// shows this process's last write of it.
+func (b *barrier) shows(kind string, key types.NamespacedName, cached client.Object) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := barrierKey{kind, key}
+	e, ok := b.pending[k]
+	if !ok {
+		return true
+	}
+	if b.now().Sub(e.at) > barrierTTL {
+		delete(b.pending, k)
+		return true
+	}
+	if cached == nil {
+		// This mode only changes objects that exist: one the cache no
+		// longer has is gone, and nothing of it is waited for.
+		delete(b.pending, k)
+		return true
+	}
+	rv, err := strconv.ParseInt(cached.GetResourceVersion(), 10, 64)
+	if err != nil || rv >= e.rv {
+		delete(b.pending, k)
+		return true
+	}
+	return false
+}
+
+// waiting lists the keys of one kind in a namespace still waited for.
+func (b *barrier) waiting(kind, namespace string) []types.NamespacedName {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []types.NamespacedName
+	for k := range b.pending {
+		if k.kind == kind && k.key.Namespace == namespace {
+			out = append(out, k.key)
+		}
+	}
+	return out
+}

@@ -1,0 +1,504 @@
+package machinedeployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/failpoint"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+)
+
+// Timing of the controller's pass.
+const (
+	// OrphanGrace is how long a reservation or a bound Machine may exist
+	// without its NodeClaim (or a reservation without a Machine the
+	// MachineSet could still make) before it is given back, released or
+	// handed over.
+	OrphanGrace = 30 * time.Second
+	// keptGrace is how long a marked Machine the MachineSet keeps is left
+	// before the provider deletes it itself.
+	keptGrace = 10 * time.Second
+	// bindAttempts is how many times one pass patches a Machine it binds
+	// when the Machine changed since the read in what the binding decides
+	// on (each after a live read).
+	bindAttempts = 3
+	// barrierRetry is how soon a pass whose cache does not show this
+	// process's writes yet looks again.
+	barrierRetry = 200 * time.Millisecond
+	// openRecheck is how often a MachineDeployment with open reservations
+	// is looked at again without an event.
+	openRecheck = 5 * time.Second
+)
+
+// claimState is what the spoke says of a NodeClaim.
+type claimState int
+
+const (
+	claimPending     claimState = iota // exists, not launched, not terminating
+	claimLaunched                      // has a providerID
+	claimTerminating                   // deletionTimestamp set
+	claimGone                          // a live read says NotFound
+	claimUnknown                       // an error: nothing is decided on it
+)
+
+// claimState reads a NodeClaim from the spoke cache; NotFound is confirmed
+// by a live read (an error is never taken as gone).
+func (c *Controller) claimState(ctx context.Context, name string, live bool) claimState {
+	nc := &karpv1.NodeClaim{}
+	r := c.spoke
+	if live {
+		r = c.spokeAPI
+	}
+	err := r.Get(ctx, types.NamespacedName{Name: name}, nc)
+	if apierrors.IsNotFound(err) && !live {
+		return c.claimState(ctx, name, true)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return claimGone
+	case err != nil:
+		return claimUnknown
+	case !nc.DeletionTimestamp.IsZero():
+		return claimTerminating
+	case nc.Status.ProviderID != "":
+		return claimLaunched
+	}
+	return claimPending
+}
+
+// firstSeen remembers when a condition was first seen, for the graces: an
+// observation, not a record (a restart starts the grace again).
+type firstSeen struct {
+	mu   sync.Mutex
+	seen map[string]time.Time
+}
+
+func (f *firstSeen) since(key string, now time.Time) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seen == nil {
+		f.seen = map[string]time.Time{}
+	}
+	if t, ok := f.seen[key]; ok {
+		return t
+	}
+	f.seen[key] = now
+	return now
+}
+
+// keep forgets the keys under prefix not in touched.
+func (f *firstSeen) keep(prefix string, touched map[string]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range f.seen {
+		if strings.HasPrefix(k, prefix) && !touched[k] {
+			delete(f.seen, k)
+		}
+	}
+}
+
+// pass is the controller's level-triggered pass over one MachineDeployment
+// (docs/design/machinedeployment-binding.md, "Rules"): bind, reclaim,
+// release orphans, give back free reservations, hand over stranded ones,
+// lower what marks cover, delete kept Machines, report useless ones. It
+// holds the MachineDeployment's lock and decides only on a cache that shows
+// this process's writes. It returns when to look again.
+func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, member bool) (time.Duration, error) {
+	p := c.provider
+	key := client.ObjectKeyFromObject(md)
+	unlock := p.locks.lock(key)
+	defer unlock()
+	if !p.barrier.shows("MachineDeployment", key, md) {
+		return barrierRetry, nil
+	}
+	recs, err := readRecords(md)
+	if err != nil {
+		// Reported through the instance-type store (the Source's error:
+		// left out of offerings, a NodeClass problem and event).
+		return 0, nil
+	}
+	machines, err := machinesOf(ctx, p.hub.GetCache(), md)
+	if err != nil {
+		return 0, err
+	}
+	for _, m := range machines {
+		if !p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
+			return barrierRetry, nil
+		}
+	}
+	now := p.now()
+	free := func(claim string) bool { return p.claimFree(ctx, claim) }
+	bindable := func(m *clusterv1.Machine) bool { return noRegisteredNode(ctx, c.spoke, m) }
+	norm := plan(md, recs, view{machines: machines, free: free, bindable: bindable}, nil)
+	cnt := count(machines, nil)
+	r := ptr.Deref(md.Spec.Replicas, 0)
+	prefix := key.String() + "/"
+	touched := map[string]bool{}
+	since := func(what string) time.Duration {
+		k := prefix + what
+		touched[k] = true
+		return now.Sub(c.seen.since(k, now))
+	}
+	var requeue time.Duration
+	later := func(d time.Duration) {
+		if d > 0 && (requeue == 0 || d < requeue) {
+			requeue = d
+		}
+	}
+	defer func() { c.seen.keep(prefix, touched) }()
+
+	// Reservations with their stamps, oldest first.
+	var open []reservation
+	for claim, raised := range norm.recs.pending {
+		at, ok := stampOf(md, raised)
+		if !ok {
+			log.FromContext(ctx).Error(fmt.Errorf("MachineDeployment %s: reservation of NodeClaim %s has no stamp and the MachineDeployment no managed-fields entry of %s", key, claim, FieldManager),
+				"reservation left unbound")
+			continue
+		}
+		open = append(open, reservation{claim: claim, at: at, state: c.claimState(ctx, claim, false)})
+	}
+	sort.Slice(open, func(i, j int) bool {
+		if !open[i].at.Equal(open[j].at) {
+			return open[i].at.Before(open[j].at)
+		}
+		return open[i].claim < open[j].claim
+	})
+
+	// 1. Bind.
+	taken := map[string]bool{}
+	candidates := c.candidates(ctx, machines)
+	for i := range open {
+		e := &open[i]
+		if e.state != claimPending {
+			continue
+		}
+		if other, err := p.BoundMachine(ctx, e.claim); err != nil || other != nil {
+			continue
+		}
+		for _, m := range candidates {
+			if taken[m.Name] || !madeFor(m, e.at) {
+				continue
+			}
+			ok, err := c.bind(ctx, m, e.claim, e.at)
+			if err != nil {
+				return 0, err
+			}
+			taken[m.Name] = true // bound or changed: not a candidate again in this pass
+			if ok {
+				e.state = claimLaunched // not open any more in this pass
+				break
+			}
+		}
+		if e.state == claimPending {
+			later(openRecheck)
+		}
+	}
+
+	var intents []*intent
+	var giveBacks []*clusterv1.Machine
+	spare := norm.recs.owned - cnt.bound - int32(len(norm.recs.pending))
+	for _, m := range machines {
+		claim := m.Annotations[v1alpha1.NodeClaimAnnotation]
+		switch {
+		case !m.DeletionTimestamp.IsZero():
+			// 2. Reclaim: a bound Machine someone else deletes leaves its
+			// replica to its NodeClaim (the writer checks it is spare).
+			if claim != "" && !markedByUs(m) && spare > 0 {
+				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.DeletionTimestamp.Time})
+			}
+		case markedByUs(m) && claim != "":
+			// 6. Marked, replica maybe still owed (a crash between mark
+			// and lower): the writer lowers only what is owed.
+			if spare > 0 {
+				intents = append(intents, &intent{kind: intentLower, claim: claim, machine: m, why: "released"})
+			} else if settled(cnt, r) && since("kept/"+m.Name) >= keptGrace {
+				// 7. Kept: the MachineSet has as many Machines as
+				// replicas and keeps this one; no replica is owed.
+				log.FromContext(ctx).Info("deleting a released Machine its MachineSet kept", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
+				if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
+					return 0, err
+				}
+				metrics.OrphansReleased.WithLabelValues("kept").Inc()
+			} else {
+				later(keptGrace)
+			}
+		case markedByUs(m):
+			// An unbound Machine marked to give a reservation back with.
+			if k := giveBackKey(m); k != "" {
+				if _, ok := norm.recs.pending[k]; ok {
+					intents = append(intents, &intent{kind: intentGiveBack, claim: k, machine: m})
+					taken[m.Name] = true
+					continue
+				}
+			}
+			if spare <= 0 && settled(cnt, r) && since("kept/"+m.Name) >= keptGrace {
+				if err := p.unmark(ctx, m); err != nil {
+					return 0, err
+				}
+			} else {
+				later(keptGrace)
+			}
+		case claim != "" && !taken[m.Name]:
+			// 3. Orphans: bound, its NodeClaim gone.
+			if c.claimState(ctx, claim, false) != claimGone {
+				continue
+			}
+			if wait := OrphanGrace - since("orphan/"+m.Name); wait > 0 {
+				later(wait)
+				continue
+			}
+			log.FromContext(ctx).Info("releasing a Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
+			if _, err := p.mark(ctx, m, releaseMark(claim, "is gone")); err != nil && !errors.Is(err, ErrMachineGone) {
+				return 0, err
+			}
+			intents = append(intents, &intent{kind: intentLower, claim: claim, machine: m, why: "is gone"})
+			metrics.OrphansReleased.WithLabelValues("machine").Inc()
+		}
+	}
+
+	// 4, 5. Reservations no NodeClaim uses, or no Machine can serve.
+	var liveMachines []*clusterv1.Machine
+	for _, e := range open {
+		switch e.state {
+		case claimGone, claimTerminating:
+			if wait := OrphanGrace - since("free/"+e.claim); wait > 0 {
+				later(wait)
+				continue
+			}
+			if m := c.giveBackVictim(candidates, taken, e.at); m != nil {
+				if err := p.markUnbound(ctx, m, giveBackMark(e.claim)); errors.Is(err, errMachineChanged) {
+					later(barrierRetry)
+					continue
+				} else if err != nil {
+					return 0, err
+				}
+				taken[m.Name] = true
+				giveBacks = append(giveBacks, m)
+				intents = append(intents, &intent{kind: intentGiveBack, claim: e.claim, machine: m})
+				metrics.OrphansReleased.WithLabelValues("replica").Inc()
+				continue
+			}
+			fallthrough
+		case claimPending:
+			if !settled(cnt, r) || now.Sub(e.at) < OrphanGrace {
+				later(openRecheck)
+				continue
+			}
+			// Decided on a live list: the cache may not show a Machine
+			// the MachineSet made lately.
+			if liveMachines == nil {
+				if liveMachines, err = machinesOf(ctx, p.hub.GetAPIReader(), md); err != nil {
+					return 0, err
+				}
+			}
+			if settled(count(liveMachines, nil), r) && !eligibleExists(view{machines: liveMachines, bindable: bindable}, e.at) {
+				intents = append(intents, &intent{kind: intentStranded, claim: e.claim})
+			}
+		}
+	}
+
+	// Spare replicas nothing accounts for (no marked Machine owes them):
+	// left to others once the MachineSet has settled.
+	if spare > 0 && cnt.marked == 0 && settled(cnt, r) {
+		if since("spare") >= OrphanGrace {
+			intents = append(intents, &intent{kind: intentSpare})
+		} else {
+			later(OrphanGrace)
+		}
+	}
+
+	// Records the objects have overtaken (reservations a Machine took up,
+	// a count above the replicas, reservations no replica backs) are
+	// written down even when nothing else is: they would keep the claims
+	// waiting. Stamping alone waits for the next write.
+	cleanup := len(norm.recs.pending) < len(recs.pending) || norm.recs.owned != recs.owned || !recs.hasOwned || recs.legacy
+	if len(intents) > 0 || cleanup {
+		if err := p.writer.write(ctx, key, intents); err != nil {
+			return 0, err
+		}
+		for _, in := range intents {
+			if in.kind == intentGiveBack && !in.done && in.machine != nil {
+				// Not given back (at min-size the replica passed on, or
+				// the marks did not cover it): the Machine stays unmarked.
+				if err := p.unmark(ctx, in.machine); err != nil {
+					return 0, err
+				}
+			}
+			if in.kind == intentStranded && in.done {
+				p.waiters.Notify(in.claim) // its Launch raises again at once
+			}
+		}
+	}
+
+	// 8. Machines of a member MachineDeployment no NodeClaim owns.
+	if member {
+		c.reportUnowned(md, machines, open, settled(cnt, r), now)
+	}
+	return requeue, nil
+}
+
+// candidates are the Machines a reservation may be bound to or given back
+// with, oldest first: live, unbound, unmarked, with no Node or one that
+// awaits registration.
+func (c *Controller) candidates(ctx context.Context, machines []*clusterv1.Machine) []*clusterv1.Machine {
+	var out []*clusterv1.Machine
+	for _, m := range machines {
+		if c.bindable(ctx, m) {
+			out = append(out, m)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+		}
+		return a.Name < b.Name
+	})
+	return out
+}
+
+// giveBackVictim picks the Machine a free reservation stamped at is given
+// back with: made for it, not taken, without a Node first, then the newest.
+func (c *Controller) giveBackVictim(candidates []*clusterv1.Machine, taken map[string]bool, at time.Time) *clusterv1.Machine {
+	var best *clusterv1.Machine
+	for _, m := range candidates {
+		if taken[m.Name] || !madeFor(m, at) {
+			continue
+		}
+		if best == nil || (best.Status.NodeRef.IsDefined() && !m.Status.NodeRef.IsDefined()) ||
+			(best.Status.NodeRef.IsDefined() == m.Status.NodeRef.IsDefined() && !m.CreationTimestamp.Before(&best.CreationTimestamp)) {
+			best = m
+		}
+	}
+	return best
+}
+
+// giveBackKey is the reservation an unbound Machine was marked to give back.
+func giveBackKey(m *clusterv1.Machine) string {
+	v := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	rest, ok := strings.CutPrefix(v, markPrefix+": replica of NodeClaim ")
+	if !ok {
+		return ""
+	}
+	k, _, _ := strings.Cut(rest, " ")
+	return k
+}
+
+// bind binds the Machine to the NodeClaim reserved at stamp: the
+// NodeClaim is read live first (it exists, is not terminating, has not
+// launched), and the patch tests what the decision read of the Machine. A
+// Machine changed since is read live, decided on again, and patched on that
+// read, up to bindAttempts times. ok is false when it was not bound.
+func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string, at time.Time) (bool, error) {
+	if c.claimState(ctx, claim, true) != claimPending {
+		return false, nil
+	}
+	p := c.provider
+	cur := m
+	for attempt := 0; attempt < bindAttempts; attempt++ {
+		patch, err := bindPatch(cur, claim)
+		if err != nil {
+			return false, err
+		}
+		target := cur.DeepCopy()
+		err = p.hub.GetClient().Patch(ctx, target, patch, client.FieldOwner(FieldManager))
+		if err == nil {
+			p.barrier.record("Machine", target)
+			log.FromContext(ctx).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim,
+				"machineCreated", m.CreationTimestamp.UTC().Format(time.RFC3339), "reserved", at.UTC().Format(time.RFC3339))
+			p.waiters.Notify(claim)
+			failpoint.Crash(StepBind)
+			return true, nil
+		}
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if !changedSinceRead(err) {
+			return false, fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
+		}
+		live := &clusterv1.Machine{}
+		if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live); err != nil {
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return false, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+		}
+		if live.UID != m.UID || !c.bindable(ctx, live) || !madeFor(live, at) {
+			return false, nil
+		}
+		cur = live
+	}
+	return false, nil
+}
+
+// reportUnowned counts the live, unbound, unmarked Machines of a member
+// MachineDeployment older than OrphanGrace that no open reservation can use
+// once its MachineSet has settled: paid nodes that run no pod (they joined
+// with Karpenter's unregistered taint, which only a NodeClaim removes).
+func (c *Controller) reportUnowned(md *clusterv1.MachineDeployment, machines []*clusterv1.Machine, open []reservation, isSettled bool, now time.Time) {
+	if !isSettled {
+		return // the last report stands until the MachineSet settles
+	}
+	n := 0
+	for _, m := range machines {
+		if !m.DeletionTimestamp.IsZero() || isMarked(m) || m.Annotations[v1alpha1.NodeClaimAnnotation] != "" || now.Sub(m.CreationTimestamp.Time) < OrphanGrace {
+			continue
+		}
+		usable := false
+		for _, e := range open {
+			if e.state == claimPending && madeFor(m, e.at) {
+				usable = true
+				break
+			}
+		}
+		if !usable {
+			n++
+		}
+	}
+	metrics.UnownedMachines.WithLabelValues(md.Namespace, md.Name).Set(float64(n))
+	if c.unowned.changed(client.ObjectKeyFromObject(md), n) && n > 0 && c.hubEvents != nil {
+		c.hubEvents.Event(md, corev1.EventTypeWarning, "UnownedMachines", fmt.Sprintf(
+			"%d Machine(s) of this member MachineDeployment belong to no NodeClaim: their nodes keep Karpenter's unregistered taint and run no pod; lower spec.replicas by that many, or remove the member label (see docs/troubleshooting.md)", n))
+	}
+}
+
+// reservation is one reservation as a pass sees it.
+type reservation struct {
+	claim string
+	at    time.Time
+	state claimState
+}
+
+// unownedReport remembers the count last reported per MachineDeployment,
+// so that an event is recorded when it changes, not at every pass.
+type unownedReport struct {
+	mu   sync.Mutex
+	last map[types.NamespacedName]int
+}
+
+func (u *unownedReport) changed(key types.NamespacedName, n int) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.last == nil {
+		u.last = map[types.NamespacedName]int{}
+	}
+	old, ok := u.last[key]
+	u.last[key] = n
+	return !ok && n > 0 || ok && old != n
+}

@@ -1,0 +1,258 @@
+package machinedeployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// writer is the one place that changes a MachineDeployment's replicas and
+// records (docs/design/machinedeployment-binding.md, "The one write").
+// Intents for one MachineDeployment that arrive while a write is in flight
+// ride on the next write: a burst of NodeClaims costs one write per
+// MachineDeployment, not one per NodeClaim. Every write is a merge patch of
+// the fields it changes, with the resourceVersion it read; a conflict reads
+// the MachineDeployment live and plans again.
+type writer struct {
+	client client.Client
+	cache  client.Reader
+	live   client.Reader
+	locks  *mdLocks
+	// free reports whether a reservation's NodeClaim is gone or terminating.
+	free func(ctx context.Context, claim string) bool
+	// bindable reports whether a Machine's Node (if any) awaits registration.
+	bindable func(ctx context.Context, m *clusterv1.Machine) bool
+	// written records each write for the barrier.
+	written func(obj client.Object)
+	events  record.EventRecorder
+	// observe, when set, is told the size of each batch written.
+	observe func(int)
+	// onError, when set, is told of each failed write.
+	onError func(error)
+
+	mu     sync.Mutex
+	queues map[types.NamespacedName]*writeQueue
+}
+
+type writeQueue struct {
+	intents []*queued
+	running bool
+}
+
+type queued struct {
+	in   *intent
+	done chan error
+}
+
+// do queues intents for a MachineDeployment and waits until they are
+// written (or found to need nothing). The error is the write's; each
+// intent's own refusal is in its err.
+func (w *writer) do(ctx context.Context, md types.NamespacedName, intents ...*intent) error {
+	qs := make([]*queued, len(intents))
+	w.mu.Lock()
+	q := w.queues[md]
+	if q == nil {
+		q = &writeQueue{}
+		w.queues[md] = q
+	}
+	for i, in := range intents {
+		qs[i] = &queued{in: in, done: make(chan error, 1)}
+	}
+	q.intents = append(q.intents, qs...)
+	if !q.running {
+		q.running = true
+		go w.drain(md, q)
+	}
+	w.mu.Unlock()
+	for _, x := range qs {
+		select {
+		case err := <-x.done:
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (w *writer) drain(key types.NamespacedName, q *writeQueue) {
+	for {
+		w.mu.Lock()
+		batch := q.intents
+		q.intents = nil
+		if len(batch) == 0 {
+			q.running = false
+			delete(w.queues, key)
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		intents := make([]*intent, len(batch))
+		for i, x := range batch {
+			intents[i] = x.in
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		unlock := w.locks.lock(key)
+		err := w.write(ctx, key, intents)
+		unlock()
+		cancel()
+		for _, x := range batch {
+			x.done <- err
+		}
+	}
+}
+
+// write plans and sends one write; the caller holds the MachineDeployment's lock.
+func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []*intent) error {
+	md := &clusterv1.MachineDeployment{}
+	if err := w.cache.Get(ctx, key, md); err != nil {
+		if apierrors.IsNotFound(err) {
+			err = w.live.Get(ctx, key, md)
+		}
+		if err != nil {
+			return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		recs, err := readRecords(md)
+		if err != nil {
+			for _, in := range intents {
+				in.err = err
+			}
+			return nil
+		}
+		// Lowerings and hand-overs are decided on the API server's
+		// Machines: a Machine the cache does not show yet (one the
+		// MachineSet made too many, or made for the reservation) would
+		// take the mark that covers a lowering, or serve the reservation.
+		reader := w.cache
+		for _, in := range intents {
+			switch in.kind {
+			case intentLower, intentGiveBack, intentStranded, intentSpare:
+				reader = w.live
+			}
+		}
+		machines, err := machinesOf(ctx, reader, md)
+		if err != nil {
+			return err
+		}
+		free := func(claim string) bool { return w.free(ctx, claim) }
+		var bindable func(*clusterv1.Machine) bool
+		if w.bindable != nil {
+			bindable = func(m *clusterv1.Machine) bool { return w.bindable(ctx, m) }
+		}
+		out := plan(md, recs, view{machines: machines, free: free, bindable: bindable}, intents)
+		if !out.changed {
+			return nil
+		}
+		before := md.DeepCopy()
+		patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+		out.recs.apply(md)
+		md.Spec.Replicas = ptr.To(out.replicas)
+		err = w.client.Patch(ctx, md, patch, client.FieldOwner(FieldManager))
+		if err == nil {
+			w.written(md)
+			if w.observe != nil {
+				w.observe(len(intents))
+			}
+			w.report(ctx, md, ptr.Deref(before.Spec.Replicas, 0), out)
+			return nil
+		}
+		if w.onError != nil {
+			w.onError(err)
+		}
+		if !apierrors.IsConflict(err) || attempt >= 10 {
+			return fmt.Errorf("updating MachineDeployment %s: %w", key, err)
+		}
+		md = &clusterv1.MachineDeployment{}
+		if err := w.live.Get(ctx, key, md); err != nil {
+			return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
+		}
+	}
+}
+
+// report says every replica change in one log line and one event.
+func (w *writer) report(ctx context.Context, md *clusterv1.MachineDeployment, from int32, out outcome) {
+	if len(out.lines) == 0 {
+		return
+	}
+	msg := describe(out.lines)
+	log.FromContext(ctx).Info("MachineDeployment replicas", "MachineDeployment", client.ObjectKeyFromObject(md),
+		"from", from, "to", out.replicas, "owned", out.recs.owned, "changes", msg)
+	if w.events != nil {
+		reason := "ReplicasChanged"
+		if out.replicas == from {
+			reason = "ReservationsChanged"
+		}
+		w.events.Event(md, corev1.EventTypeNormal, reason, truncateEvent(fmt.Sprintf("replicas %d -> %d: %s", from, out.replicas, msg)))
+	}
+}
+
+func truncateEvent(s string) string {
+	if len(s) > 1000 {
+		return s[:1000] + "…"
+	}
+	return s
+}
+
+// machinesOf lists a MachineDeployment's Machines, read-only.
+func machinesOf(ctx context.Context, r client.Reader, md *clusterv1.MachineDeployment) ([]*clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := r.List(ctx, list, client.InNamespace(md.Namespace),
+		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing Machines of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
+	}
+	out := make([]*clusterv1.Machine, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// mdLocks serializes, per MachineDeployment, the writer's writes and the
+// controller's passes, so that one process never decides twice on one state.
+type mdLocks struct {
+	mu    sync.Mutex
+	locks map[types.NamespacedName]*sync.Mutex
+}
+
+func (l *mdLocks) lock(key types.NamespacedName) func() {
+	l.mu.Lock()
+	if l.locks == nil {
+		l.locks = map[types.NamespacedName]*sync.Mutex{}
+	}
+	m := l.locks[key]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.locks[key] = m
+	}
+	l.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// refused returns the first refusal among intents.
+func refused(intents ...*intent) error {
+	for _, in := range intents {
+		if in.err != nil {
+			return in.err
+		}
+	}
+	return nil
+}
+
+// isNotCovered reports whether a lowering was left out for lack of marks.
+func isNotCovered(err error) bool { return errors.Is(err, errNotCovered) }
