@@ -14,11 +14,15 @@ import (
 // is taken only on a cache that shows this process's own writes: the one
 // in-memory cache the binding protocol keeps (design doc, "Memory"). An
 // entry older than barrierTTL is forgotten (the object went, or the
-// informer relisted past it): a restarted process has none either.
+// informer relisted past it): a leak guard, far above any cache lag the
+// design tolerates; a restarted process has none either.
 type barrier struct {
 	mu      sync.Mutex
 	pending map[barrierKey]barrierEntry
-	now     func() time.Time
+	// binds maps a NodeClaim to the Machine this process bound it to,
+	// while the cache may not show that write.
+	binds map[string]types.NamespacedName
+	now   func() time.Time
 }
 
 type barrierKey struct {
@@ -31,7 +35,7 @@ type barrierEntry struct {
 	at time.Time
 }
 
-const barrierTTL = 30 * time.Second
+const barrierTTL = 5 * time.Minute
 
 func (b *barrier) record(kind string, obj client.Object) {
 	rv, err := strconv.ParseInt(obj.GetResourceVersion(), 10, 64)
@@ -44,6 +48,33 @@ func (b *barrier) record(kind string, obj client.Object) {
 		b.pending = map[barrierKey]barrierEntry{}
 	}
 	b.pending[barrierKey{kind, client.ObjectKeyFromObject(obj)}] = barrierEntry{rv: rv, at: b.now()}
+}
+
+// recordBind records a binding this process made.
+func (b *barrier) recordBind(claim string, m client.Object) {
+	b.record("Machine", m)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.binds == nil {
+		b.binds = map[string]types.NamespacedName{}
+	}
+	b.binds[claim] = client.ObjectKeyFromObject(m)
+}
+
+// boundTo returns the Machine this process bound the NodeClaim to while the
+// cache may not show it yet.
+func (b *barrier) boundTo(claim string) (types.NamespacedName, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	key, ok := b.binds[claim]
+	if !ok {
+		return key, false
+	}
+	if e, waiting := b.pending[barrierKey{"Machine", key}]; !waiting || b.now().Sub(e.at) > barrierTTL {
+		delete(b.binds, claim)
+		return key, false
+	}
+	return key, true
 }
 
 // shows reports whether a cached object (nil: not in the cache, gone)

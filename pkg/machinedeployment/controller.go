@@ -54,6 +54,9 @@ type Controller struct {
 	seen firstSeen
 	// unowned remembers the last count of Machines no NodeClaim owns.
 	unowned unownedReport
+	// readLive holds the MachineDeployments this process has read live
+	// once (see pass).
+	readLive sync.Map
 	// templates remembers each MachineDeployment's rollout fields, to wake
 	// the NodeClass status (and with it drift) when they change.
 	templates sync.Map // types.NamespacedName -> string

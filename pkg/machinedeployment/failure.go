@@ -5,8 +5,10 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
@@ -31,6 +33,17 @@ func (e *launchFailedError) Unwrap() error { return e.err }
 // MachineDeployment keeps no failed replica. Marking takes the Machine
 // from the claim (BoundMachine skips marked ones): the next choice raises.
 func (p *Provider) fail(ctx context.Context, claim string, m *clusterv1.Machine, f launch.LaunchFailure) error {
+	// Only a live read decides: a cache that lags may still show a Machine
+	// an earlier call (maybe of a process before a restart) released, and
+	// failing it again would choose afresh and raise a second replica for
+	// the claim while the first call's raise stands.
+	live := &clusterv1.Machine{}
+	if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading Machine %s/%s whose launch failed: %w", m.Namespace, m.Name, err)
+	} else if err != nil || !p.boundTo(live, claim) || live.UID != m.UID {
+		return fmt.Errorf("NodeClaim %s: the failed launch of Machine %s/%s was handled already, the cache lags: %w", claim, m.Namespace, m.Name, ErrStillLaunching)
+	}
+	m = live
 	kind := "failed"
 	if f.InsufficientCapacity {
 		kind = "insufficient_capacity"

@@ -126,16 +126,29 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 	if !p.barrier.shows("MachineDeployment", key, md) {
 		return barrierRetry, nil
 	}
+	// A process's first pass over a MachineDeployment reads it and its
+	// Machines live: its cache may not show yet what the process before it
+	// (a leader handover) wrote last, which no barrier of this one covers.
+	reader := client.Reader(p.hub.GetCache())
+	if _, seen := c.readLive.Load(key); !seen {
+		reader = p.hub.GetAPIReader()
+		live := &clusterv1.MachineDeployment{}
+		if err := reader.Get(ctx, key, live); err != nil {
+			return 0, client.IgnoreNotFound(err)
+		}
+		md = live
+	}
 	recs, err := readRecords(md)
 	if err != nil {
 		// Reported through the instance-type store (the Source's error:
 		// left out of offerings, a NodeClass problem and event).
 		return 0, nil
 	}
-	machines, err := machinesOf(ctx, p.hub.GetCache(), md)
+	machines, err := machinesOf(ctx, reader, md)
 	if err != nil {
 		return 0, err
 	}
+	defer c.readLive.Store(key, true)
 	for _, m := range machines {
 		if !p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
 			return barrierRetry, nil
@@ -220,7 +233,7 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			// 2. Reclaim: a bound Machine someone else deletes leaves its
 			// replica to its NodeClaim (the writer checks it is spare).
 			if claim != "" && !markedByUs(m) && spare > 0 {
-				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.DeletionTimestamp.Time})
+				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
 			}
 		case markedByUs(m) && claim != "":
 			// 6. Marked, replica maybe still owed (a crash between mark
@@ -296,7 +309,7 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			}
 			fallthrough
 		case claimPending:
-			if !settled(cnt, r) || now.Sub(e.at) < OrphanGrace {
+			if !settled(cnt, r) || cnt.marked > 0 || now.Sub(e.at) < OrphanGrace {
 				later(openRecheck)
 				continue
 			}
@@ -419,7 +432,7 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 		target := cur.DeepCopy()
 		err = p.hub.GetClient().Patch(ctx, target, patch, client.FieldOwner(FieldManager))
 		if err == nil {
-			p.barrier.record("Machine", target)
+			p.barrier.recordBind(claim, target)
 			log.FromContext(ctx).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim,
 				"machineCreated", m.CreationTimestamp.UTC().Format(time.RFC3339), "reserved", at.UTC().Format(time.RFC3339))
 			p.waiters.Notify(claim)

@@ -147,8 +147,15 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 	r := r0
 	extra := map[string]bool{}
 	for _, in := range intents {
-		if in.machine != nil && (in.kind == intentLower || in.kind == intentGiveBack) {
-			extra[in.machine.Name] = true // marked by the caller; the cache may not show it yet
+		// Marked by the caller (the cache may not show it yet): a Machine
+		// bound to the NodeClaim it releases, or an unbound one it gives a
+		// reservation back with. Any other is not the caller's to mark.
+		if in.machine == nil {
+			continue
+		}
+		claim := in.machine.Annotations[v1alpha1.NodeClaimAnnotation]
+		if in.kind == intentLower && claim == in.claim || in.kind == intentGiveBack && claim == "" {
+			extra[in.machine.Name] = true
 		}
 	}
 	c := count(v.machines, extra)
@@ -288,7 +295,9 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 			}
 		case intentStranded:
 			at, ok := out.recs.pending[in.claim]
-			if !ok || !settled(c, r) || eligibleExists(v, at) {
+			// A marked Machine the MachineSet keeps stands in for the
+			// replica until it goes (kept): not stranded meanwhile.
+			if !ok || !settled(c, r) || c.marked > 0 || eligibleExists(v, at) {
 				continue
 			}
 			delete(out.recs.pending, in.claim)

@@ -100,13 +100,14 @@ func TestALoweringIsCoveredByAMarkOnce(t *testing.T) {
 	if out.replicas != 2 || again.done {
 		t.Fatalf("a retried release lowered again: replicas %d", out.replicas)
 	}
-	// With the count off (owned says a replica is spare), the gate alone
-	// still refuses: c's mark is spent.
-	md = planMD(2, 3, nil)
+	// A replica the count says is owed, with no mark left to cover it (c
+	// is gone, someone else's Machine u stands): the gate alone refuses.
+	u := machine("u", t0, withNode)
+	md = planMD(3, 3, nil)
 	forced := &intent{kind: intentLower, claim: "C", machine: machines[2]}
-	out = planned(t, md, machines, nil, forced)
-	if out.replicas != 2 || !isNotCovered(forced.err) {
-		t.Fatalf("replicas %d err %v: want 2 and the gate's refusal", out.replicas, forced.err)
+	out = planned(t, md, []*clusterv1.Machine{machines[0], machines[1], u}, nil, forced)
+	if out.replicas != 3 || !isNotCovered(forced.err) {
+		t.Fatalf("replicas %d err %v: want 3 and the gate's refusal", out.replicas, forced.err)
 	}
 }
 

@@ -269,27 +269,59 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 }
 
 // BoundMachine returns the live Machine bound to the NodeClaim and not
-// marked by the provider, or nil. A Machine this process wrote lately and
-// the cache does not show as written yet is read live.
+// marked by the provider, or nil. A Machine this process wrote lately (a
+// binding, a mark) that the cache does not show as written yet is read live.
 func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.Machine, error) {
 	m, err := p.machines.Bound(ctx, claim)
-	if err != nil || m == nil {
+	if err != nil {
 		return nil, err
 	}
-	if !p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
-		live := &clusterv1.Machine{}
-		if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, nil
-			}
-			return nil, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+	if m != nil {
+		if m, err = p.fresh(ctx, m); err != nil {
+			return nil, err
 		}
-		m = live
+		if p.boundTo(m, claim) {
+			return m, nil
+		}
 	}
-	if markedByUs(m) || !m.DeletionTimestamp.IsZero() || !p.machines.Owned(m) {
+	// Bound by this process lately, and the cache does not show it.
+	key, ok := p.barrier.boundTo(claim)
+	if !ok {
 		return nil, nil
 	}
-	return m, nil
+	live := &clusterv1.Machine{}
+	if err := p.hub.GetAPIReader().Get(ctx, key, live); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading Machine %s: %w", key, err)
+	}
+	if p.boundTo(live, claim) {
+		return live, nil
+	}
+	return nil, nil
+}
+
+// fresh returns the cached Machine, or a live read when this process wrote
+// it and the cache does not show that write yet (nil: gone).
+func (p *Provider) fresh(ctx context.Context, m *clusterv1.Machine) (*clusterv1.Machine, error) {
+	if p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
+		return m, nil
+	}
+	live := &clusterv1.Machine{}
+	if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+	}
+	return live, nil
+}
+
+// boundTo reports whether m is the NodeClaim's: live, annotated with it,
+// not marked by the provider, in scope.
+func (p *Provider) boundTo(m *clusterv1.Machine, claim string) bool {
+	return m != nil && m.DeletionTimestamp.IsZero() && !markedByUs(m) && p.machines.Owned(m) && m.Annotations[v1alpha1.NodeClaimAnnotation] == claim
 }
 
 // NodeClaimDeleted is told of a NodeClaim's deletion (the NodeClaim watch):
@@ -317,7 +349,7 @@ func (p *Provider) MachineDeleted(ctx context.Context, m *clusterv1.Machine) err
 		return nil
 	}
 	return p.writer.do(ctx, types.NamespacedName{Namespace: m.Namespace, Name: md},
-		&intent{kind: intentReclaim, claim: claim, at: m.DeletionTimestamp.Time})
+		&intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
 }
 
 // claimFree reports whether a reservation's NodeClaim is gone or

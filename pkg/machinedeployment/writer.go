@@ -126,6 +126,22 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 			return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
 		}
 	}
+	// Lowerings and hand-overs are decided on the API server's Machines: a
+	// Machine the cache does not show yet (one the MachineSet made too
+	// many, or made for the reservation) would take the mark that covers a
+	// lowering, or serve the reservation. Listed once per write: a
+	// conflict on the MachineDeployment re-reads only it.
+	reader := w.cache
+	for _, in := range intents {
+		switch in.kind {
+		case intentLower, intentGiveBack, intentStranded, intentSpare:
+			reader = w.live
+		}
+	}
+	machines, err := machinesOf(ctx, reader, md)
+	if err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		recs, err := readRecords(md)
 		if err != nil {
@@ -133,21 +149,6 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 				in.err = err
 			}
 			return nil
-		}
-		// Lowerings and hand-overs are decided on the API server's
-		// Machines: a Machine the cache does not show yet (one the
-		// MachineSet made too many, or made for the reservation) would
-		// take the mark that covers a lowering, or serve the reservation.
-		reader := w.cache
-		for _, in := range intents {
-			switch in.kind {
-			case intentLower, intentGiveBack, intentStranded, intentSpare:
-				reader = w.live
-			}
-		}
-		machines, err := machinesOf(ctx, reader, md)
-		if err != nil {
-			return err
 		}
 		free := func(claim string) bool { return w.free(ctx, claim) }
 		var bindable func(*clusterv1.Machine) bool
@@ -174,7 +175,7 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 		if w.onError != nil {
 			w.onError(err)
 		}
-		if !apierrors.IsConflict(err) || attempt >= 10 {
+		if !apierrors.IsConflict(err) || attempt >= 50 {
 			return fmt.Errorf("updating MachineDeployment %s: %w", key, err)
 		}
 		md = &clusterv1.MachineDeployment{}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"sort"
 
+	corev1 "k8s.io/api/core/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -73,6 +76,9 @@ func (w *world) runMachineSets() {
 			continue
 		}
 		last := *m.DeepCopy()
+		if m.Status.NodeRef.IsDefined() {
+			_ = w.spoke.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.Status.NodeRef.Name}})
+		}
 		m.Finalizers = nil
 		w.must(client.IgnoreNotFound(w.hub.API.Update(ctx, &m)))
 		_ = w.hub.API.Delete(ctx, &infrav1.AWSMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.Name}})
@@ -146,7 +152,13 @@ func (w *world) runInfrastructure() {
 			m.Spec.ProviderID = "aws:///zone-a/i-" + m.Name
 			w.must(w.hub.API.Update(ctx, &m))
 		case !m.Status.NodeRef.IsDefined():
-			m.Status.NodeRef = clusterv1.MachineNodeReference{Name: "node-" + m.Name}
+			// The instance joins with Karpenter's unregistered taint (a
+			// member MachineDeployment's bootstrap sets it); only a
+			// NodeClaim's registration takes it off.
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-" + m.Name},
+				Spec: corev1.NodeSpec{ProviderID: m.Spec.ProviderID, Taints: []corev1.Taint{karpv1.UnregisteredNoExecuteTaint}}}
+			w.must(client.IgnoreAlreadyExists(w.spoke.Create(ctx, node)))
+			m.Status.NodeRef = clusterv1.MachineNodeReference{Name: node.Name}
 			w.must(w.hub.API.Update(ctx, &m))
 		}
 	}
@@ -197,4 +209,35 @@ func (w *world) collectGone() {
 			w.startDeleting(name)
 		}
 	}
+}
+
+// register is core registering launched NodeClaims' Nodes: the
+// unregistered taint comes off and the registered label goes on.
+func (w *world) register() {
+	ctx := context.Background()
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	for _, m := range w.machines() {
+		c, ok := w.claims[bound(&m)]
+		if !ok || !c.launched || !m.Status.NodeRef.IsDefined() {
+			continue
+		}
+		w.registerNode(ctx, m.Status.NodeRef.Name)
+	}
+}
+
+func (w *world) registerNode(ctx context.Context, name string) {
+	node := &corev1.Node{}
+	if err := w.spoke.Get(ctx, types.NamespacedName{Name: name}, node); err != nil {
+		return
+	}
+	if _, done := node.Labels[karpv1.NodeRegisteredLabelKey]; done {
+		return
+	}
+	if node.Labels == nil {
+		node.Labels = map[string]string{}
+	}
+	node.Labels[karpv1.NodeRegisteredLabelKey] = "true"
+	node.Spec.Taints = nil
+	w.must(w.spoke.Update(ctx, node))
 }

@@ -2,7 +2,10 @@ package model
 
 import (
 	"context"
+
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"strings"
 	"time"
 
@@ -219,8 +222,8 @@ func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *
 			w.failf("Machine %s moved from NodeClaim %s to %s", m.Name, bound(old), claim)
 		case w.userOwned[m.Name]:
 			w.failf("Machine %s of someone else (long running, with a Node) bound to %s", m.Name, claim)
-		case old.Status.NodeRef.IsDefined():
-			w.failf("Machine %s bound to %s while it had a Node", m.Name, claim)
+		case old.Status.NodeRef.IsDefined() && w.nodeRegistered(old.Status.NodeRef.Name):
+			w.failf("Machine %s bound to %s while its Node was registered (someone's workloads may run there)", m.Name, claim)
 		case !old.DeletionTimestamp.IsZero() || marked(old):
 			w.failf("Machine %s bound to %s while being deleted or marked", m.Name, claim)
 		case !lives || st.deleting || st.launched:
@@ -356,4 +359,15 @@ func (w *world) held(md *clusterv1.MachineDeployment) map[string]time.Time {
 		}
 	}
 	return out
+}
+
+// nodeRegistered reports whether a Node is registered (or gone): it may run
+// someone's workloads.
+func (w *world) nodeRegistered(name string) bool {
+	node := &corev1.Node{}
+	if err := w.spoke.Get(context.Background(), types.NamespacedName{Name: name}, node); err != nil {
+		return true
+	}
+	_, ok := node.Labels[karpv1.NodeRegisteredLabelKey]
+	return ok || len(node.Spec.Taints) == 0
 }

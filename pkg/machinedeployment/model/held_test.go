@@ -247,29 +247,6 @@ func (w *world) boundBeforeItLaunched(t *testing.T) (string, string) {
 // A NodeClaim whose Machine was bound but had no instance ID within core's
 // launch timeout (make bench-1000: 36 of them): its successor adopts the
 // Machine, already booting, instead of raising a replica for a second one
-// while the first is released.
-func TestASuccessorAdoptsTheMachineOfANodeClaimThatTimedOutBeforeItLaunched(t *testing.T) {
-	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
-	a, machine := w.boundBeforeItLaunched(t)
-	b := w.newClaim()
-	_ = w.create(b)
-	if got := w.replicas("cheap"); got != 1 {
-		t.Fatalf("cheap has %d replicas once %s (the successor of %s) reserved, want 1: it adopts %s", got, b, a, machine)
-	}
-	w.mustLaunch(t, 20, b)
-	w.noFailures(t)
-	if m := w.machineOf(b); m == nil || m.Name != machine {
-		t.Fatalf("NodeClaim %s is bound to %v, want %s", b, m, machine)
-	}
-	if ms := w.machines(); len(ms) != 1 {
-		t.Errorf("%d Machines, want 1", len(ms))
-	}
-	w.rounds(40, func() bool { return false })
-	md := w.md("cheap")
-	if n, _ := owned(md); n != 1 || w.replicas("cheap") != 1 || len(w.held(md)) != 0 {
-		t.Errorf("cheap: replicas %d, owned %d, held %v; want 1, 1, none", w.replicas("cheap"), n, w.held(md))
-	}
-}
 
 // With no successor, the Machine is released as before, adoptGrace later.
 func TestAMachineNoSuccessorAdoptsIsReleased(t *testing.T) {

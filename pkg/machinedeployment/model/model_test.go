@@ -127,6 +127,7 @@ func (w *world) act(rng *rand.Rand) {
 		w.runMachineSets,
 		w.runInfrastructure,
 		w.collectGone,
+		w.register,
 	}
 	rng.Shuffle(len(turns), func(i, j int) { turns[i], turns[j] = turns[j], turns[i] })
 	for _, turn := range turns {

@@ -78,7 +78,7 @@ func TestAStrandedReservationNeverMarksAMachineBoundSinceTheCachesRead(t *testin
 func (w *world) reservations(claim string) []string {
 	var out []string
 	for _, md := range w.mds {
-		if pending, _ := hub.PendingNodeClaims(w.md(md)); !pending[claim].IsZero() {
+		if pending, _ := hub.PendingNodeClaims(w.md(md)); hasKey(pending, claim) {
 			out = append(out, md)
 		}
 	}
@@ -393,10 +393,17 @@ func TestAMachineClusterAPIWritesWhileItBootsIsBoundInThePassThatFindsIt(t *test
 	w.hub.Sync()
 	w.hub.SetLag(true)
 	w.runInfrastructure() // providerID
-	w.runInfrastructure() // a Node, which the spoke shows running: not awaiting registration
+	w.runInfrastructure() // a Node
+	for _, m := range w.machines() {
+		if bound(&m) == "" && m.Status.NodeRef.IsDefined() {
+			w.registerNode(context.Background(), m.Status.NodeRef.Name) // someone's: runs workloads
+		}
+	}
 	w.reconcile()
 	w.noFailures(t)
 	if m := w.machineOf(b); m != nil {
 		t.Errorf("NodeClaim %s bound to Machine %s, whose Node runs (it got one since the cache's read)", b, m.Name)
 	}
 }
+
+func hasKey[V any](m map[string]V, k string) bool { _, ok := m[k]; return ok }

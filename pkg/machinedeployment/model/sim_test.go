@@ -145,6 +145,7 @@ func newWorld(t testing.TB, replicas map[string]int32, mdAnnotations map[string]
 	w.runInfrastructure()
 	for _, m := range w.machines() {
 		w.userOwned[m.Name] = true
+		w.registerNode(context.Background(), m.Status.NodeRef.Name) // running someone's workloads
 	}
 	w.now = w.now.Add(30 * 24 * time.Hour)
 	w.hub.Sync()
