@@ -249,6 +249,14 @@ func FromMachineDeploymentTemplates(md *clusterv1.MachineDeployment, template, b
 		}
 	}
 
+	// A malformed min-size is not "no minimum": the provider could not
+	// tell which replicas it may give back.
+	if v, ok := md.Annotations[MinSizeAnnotation]; ok {
+		if min, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32); err != nil || min < 0 {
+			fatal = append(fatal, fmt.Sprintf("annotation %q: %q is not a non-negative integer", MinSizeAnnotation, v))
+		}
+	}
+
 	// Usability.
 	switch {
 	case len(fatal) > 0:

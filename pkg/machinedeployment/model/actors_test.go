@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -241,3 +242,20 @@ func (w *world) registerNode(ctx context.Context, name string) {
 	node.Spec.Taints = nil
 	w.must(w.spoke.Update(ctx, node))
 }
+
+// setLabel sets (or removes) a MachineDeployment label.
+func (w *world) setLabel(name, key string, on bool) {
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	md := w.md(name)
+	if on {
+		md.Labels[key] = ""
+	} else {
+		delete(md.Labels, key)
+	}
+	w.must(w.hub.API.Update(context.Background(), md))
+}
+
+func typesNN(md string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: md} }
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

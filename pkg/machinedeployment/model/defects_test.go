@@ -43,6 +43,8 @@ func (w *world) round() {
 	w.runMachineSets()
 	w.reconcile()
 	w.runInfrastructure()
+	w.register()
+	w.collectGone()
 	w.checkState()
 }
 
