@@ -419,8 +419,9 @@ func giveBackKey(m *clusterv1.Machine) string {
 // Machine changed since is read live, decided on again, and patched on that
 // read, up to bindAttempts times. ok is false when it was not bound.
 func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string, at time.Time) (bool, error) {
-	if c.claimState(ctx, claim, true) != claimPending {
-		return false, nil
+	nc := &karpv1.NodeClaim{}
+	if err := c.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc); err != nil || !nc.DeletionTimestamp.IsZero() || nc.Status.ProviderID != "" {
+		return false, client.IgnoreNotFound(err)
 	}
 	p := c.provider
 	cur := m
@@ -435,6 +436,14 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 			p.barrier.recordBind(claim, target)
 			log.FromContext(ctx).Info("bound Machine to NodeClaim", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim,
 				"machineCreated", m.CreationTimestamp.UTC().Format(time.RFC3339), "reserved", at.UTC().Format(time.RFC3339))
+			if c.hubEvents != nil {
+				c.hubEvents.Event(target, corev1.EventTypeNormal, "Bound", fmt.Sprintf("bound to NodeClaim %s (replica raised at %s, Machine created %s)",
+					claim, at.UTC().Format(time.RFC3339), m.CreationTimestamp.UTC().Format(time.RFC3339)))
+			}
+			if c.spokeEvents != nil {
+				c.spokeEvents.Event(nc, corev1.EventTypeNormal, "MachineBound", fmt.Sprintf("Machine %s/%s of MachineDeployment %s bound",
+					m.Namespace, m.Name, m.Labels[clusterv1.MachineDeploymentNameLabel]))
+			}
 			p.waiters.Notify(claim)
 			failpoint.Crash(StepBind)
 			return true, nil
