@@ -289,7 +289,7 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 	var liveMachines []*clusterv1.Machine
 	for _, e := range open {
 		switch e.state {
-		case claimGone, claimTerminating:
+		case claimGone:
 			if wait := OrphanGrace - since("free/"+e.claim); wait > 0 {
 				later(wait)
 				continue

@@ -352,21 +352,17 @@ func (p *Provider) MachineDeleted(ctx context.Context, m *clusterv1.Machine) err
 		&intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
 }
 
-// claimFree reports whether a reservation's NodeClaim is gone or
-// terminating: the cache says so, and, for gone, a live read confirms (an
-// error is never read as gone).
+// claimFree reports whether a reservation's NodeClaim is gone: the cache
+// says NotFound and a live read confirms it (an error is never read as
+// gone). A NodeClaim still terminating keeps its reservation: core makes
+// its successor only once it is gone, and the successor takes it then.
 func (p *Provider) claimFree(ctx context.Context, claim string) bool {
 	if p.spoke == nil {
 		return false
 	}
 	nc := &karpv1.NodeClaim{}
-	err := p.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc)
-	switch {
-	case err == nil:
-		return !nc.DeletionTimestamp.IsZero()
-	case !apierrors.IsNotFound(err):
+	if err := p.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc); !apierrors.IsNotFound(err) {
 		return false
 	}
-	err = p.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc)
-	return apierrors.IsNotFound(err) || (err == nil && !nc.DeletionTimestamp.IsZero())
+	return apierrors.IsNotFound(p.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc))
 }

@@ -69,8 +69,16 @@ func New(scope hub.Scope, funcs interceptor.Funcs, objs ...client.Object) *Hub {
 // managed-fields times).
 func (f *Hub) SetClock(now func() time.Time) { f.store.SetClock(now) }
 
-// SetLag makes cache reads see the last Sync (true) or the API server (false).
+// SetLag makes cache reads see the last Sync (true) or the API server
+// (false). Turning lag on starts from what reads saw last (the API server),
+// as an informer's cache never goes back in time: it only stops following.
 func (f *Hub) SetLag(lag bool) {
+	f.mu.Lock()
+	was := f.lag
+	f.mu.Unlock()
+	if lag && !was {
+		f.Sync()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lag = lag
