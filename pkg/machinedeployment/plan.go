@@ -122,12 +122,14 @@ func count(machines []*clusterv1.Machine, extraMarked map[string]bool) counts {
 	return c
 }
 
-// used reports whether a reservation stamped at was taken up by a Machine
-// annotated with its NodeClaim (bound, released or going since): made at or
-// after the stamp.
+// used reports whether a reservation stamped at was taken up by a live
+// Machine annotated with its NodeClaim (bound, or marked since): made at or
+// after the stamp. A Machine being deleted does not use it: someone else
+// deleted it, and the reservation (a reclaim, stamped at its creation)
+// waits for the Machine the MachineSet makes in its place.
 func (c counts) used(claim string, at time.Time) bool {
 	for _, m := range c.annotated[claim] {
-		if madeFor(m, at) {
+		if m.DeletionTimestamp.IsZero() && madeFor(m, at) {
 			return true
 		}
 	}

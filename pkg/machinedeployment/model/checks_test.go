@@ -198,7 +198,20 @@ func (w *world) checkReplicas(old, md *clusterv1.MachineDeployment) {
 			}
 		}
 		if settled && marks == 0 {
-			allowed += max(0, oldOwned-boundLive-int32(len(oldPending)))
+			open := int32(0)
+			for claim := range oldPending {
+				at, _ := stamp(old, claim)
+				used := false
+				for _, m := range machines {
+					if bound(&m) == claim && m.DeletionTimestamp.IsZero() && !m.CreationTimestamp.Time.Before(at.Truncate(time.Second)) {
+						used = true
+					}
+				}
+				if !used {
+					open++
+				}
+			}
+			allowed += max(0, oldOwned-boundLive-open)
 		}
 		if gain > allowed {
 			w.failf("MachineDeployment %s: the provider's write gave others %d replica(s), %d allowed (deficit, min-size, stranded) (replicas %d->%d, owned %d->%d, pending %s -> %s)",
