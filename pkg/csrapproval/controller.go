@@ -371,6 +371,7 @@ func nodeClaimFacts(nc *karpv1.NodeClaim) *NodeClaim {
 		Ours:              spoke.Ours(nc),
 		Launched:          nc.Status.ProviderID != "",
 		Registered:        nc.Status.NodeName != "" || nc.StatusConditions().IsTrue(karpv1.ConditionTypeRegistered),
+		NodeName:          nc.Status.NodeName,
 		Deleting:          !nc.DeletionTimestamp.IsZero(),
 		ApprovedClientCSR: nc.Annotations[v1alpha1.KubeletClientCSRAnnotation],
 	}

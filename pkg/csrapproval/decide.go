@@ -52,23 +52,24 @@ const (
 
 // Reasons of a decision: the metric's reason label and the event's reason.
 const (
-	ReasonApproved            = "Approved"
-	ReasonMalformed           = "Malformed"
-	ReasonSubject             = "Subject"
-	ReasonIdentity            = "Identity"
-	ReasonUsages              = "Usages"
-	ReasonKeyType             = "KeyType"
-	ReasonSignature           = "Signature"
-	ReasonAmbiguousName       = "AmbiguousName"
-	ReasonMachineDeleting     = "MachineDeleting"
-	ReasonMachineNotFound     = "MachineNotFound"
-	ReasonNodeClaimNotFound   = "NodeClaimNotFound"
-	ReasonNodeClaimNotOurs    = "NodeClaimNotOurs"
-	ReasonNodeClaimDeleting   = "NodeClaimDeleting"
-	ReasonNotLaunched         = "NotLaunched"
-	ReasonAlreadyRegistered   = "AlreadyRegistered"
-	ReasonAlreadyApproved     = "ClientAlreadyApproved"
-	ReasonAddressNotOnMachine = "AddressNotOnMachine"
+	ReasonApproved             = "Approved"
+	ReasonMalformed            = "Malformed"
+	ReasonSubject              = "Subject"
+	ReasonIdentity             = "Identity"
+	ReasonUsages               = "Usages"
+	ReasonKeyType              = "KeyType"
+	ReasonSignature            = "Signature"
+	ReasonAmbiguousName        = "AmbiguousName"
+	ReasonMachineDeleting      = "MachineDeleting"
+	ReasonMachineNotFound      = "MachineNotFound"
+	ReasonNodeClaimNotFound    = "NodeClaimNotFound"
+	ReasonNodeClaimNotOurs     = "NodeClaimNotOurs"
+	ReasonNodeClaimDeleting    = "NodeClaimDeleting"
+	ReasonNotLaunched          = "NotLaunched"
+	ReasonAlreadyRegistered    = "AlreadyRegistered"
+	ReasonAlreadyApproved      = "ClientAlreadyApproved"
+	ReasonAddressNotOnMachine  = "AddressNotOnMachine"
+	ReasonNotTheNodeClaimsNode = "NotTheNodeClaimsNode"
 )
 
 // Kinds of request.
@@ -108,7 +109,9 @@ type NodeClaim struct {
 	Launched bool
 	// Registered: core registered its Node (condition Registered or status.nodeName).
 	Registered bool
-	Deleting   bool
+	// NodeName is status.nodeName: the Node core registered for it, if any.
+	NodeName string
+	Deleting bool
 	// ApprovedClientCSR is the client request approved for it before, if any.
 	ApprovedClientCSR string
 }
@@ -235,6 +238,9 @@ func judgeServing(r Request, f Facts) Decision {
 	}
 	if reason, err := checkFormat(r, true); err != nil {
 		return d(reason, "%v", err)
+	}
+	if nc.NodeName != "" && nc.NodeName != r.NodeName {
+		return d(ReasonNotTheNodeClaimsNode, "NodeClaim %s registered Node %s, not this one, with that providerID", nc.Name, nc.NodeName)
 	}
 	if f.Machine == nil {
 		return d(ReasonMachineNotFound, "its Machine is not found")

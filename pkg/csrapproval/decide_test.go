@@ -264,6 +264,12 @@ func TestJudge(t *testing.T) {
 			c.Spec.Groups = []string{"system:authenticated"}
 			return nil
 		}), facts: servingFacts(nil), want: Refuse, reason: ReasonIdentity},
+		{name: "serving: a second Node with the NodeClaim's providerID", csr: servingCSR(t, nil), facts: servingFacts(func(f *Facts) {
+			f.NodeClaim.NodeName = "ip-10-0-1-8.ec2.internal"
+		}), want: Refuse, reason: ReasonNotTheNodeClaimsNode},
+		{name: "serving: the NodeClaim's own Node", csr: servingCSR(t, nil), facts: servingFacts(func(f *Facts) {
+			f.NodeClaim.NodeName = node
+		}), want: Approve, reason: ReasonApproved},
 		{name: "serving: Machine not found", csr: servingCSR(t, nil), facts: servingFacts(func(f *Facts) { f.Machine = nil }), want: Refuse, reason: ReasonMachineNotFound},
 		{name: "serving: no SAN", csr: servingCSR(t, func(_ *certificatesv1.CertificateSigningRequest, x *x509.CertificateRequest) crypto.Signer {
 			x.DNSNames, x.IPAddresses = nil, nil
