@@ -180,9 +180,10 @@ func TestChartInSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	pairs := map[string]string{ // copy -> original
-		"charts/karpenter-clusterapi/rbac/hub-role.yaml":      filepath.Join(root, "config/rbac/hub/role.yaml"),
-		"charts/karpenter-clusterapi/rbac/workload-role.yaml": filepath.Join(root, "config/rbac/workload/role.yaml"),
-		"charts/karpenter-clusterapi/rbac/core-role.yaml":     filepath.Join(root, "config/rbac/workload/core_role.yaml"),
+		"charts/karpenter-clusterapi/rbac/hub-role.yaml":          filepath.Join(root, "config/rbac/hub/role.yaml"),
+		"charts/karpenter-clusterapi/rbac/workload-role.yaml":     filepath.Join(root, "config/rbac/workload/role.yaml"),
+		"charts/karpenter-clusterapi/rbac/core-role.yaml":         filepath.Join(root, "config/rbac/workload/core_role.yaml"),
+		"charts/karpenter-clusterapi/rbac/csr-approver-role.yaml": filepath.Join(root, "config/rbac/csr-approver/role.yaml"),
 	}
 	var want []string
 	for _, dir := range []string{"config/crd/bases", "config/crd/karpenter"} {
