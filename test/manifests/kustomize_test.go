@@ -140,13 +140,20 @@ func checkCRDs(t *testing.T, objs []*unstructured.Unstructured) {
 func TestKustomizeApproveKubeletCSRs(t *testing.T) {
 	root := environment.RepoRoot()
 	dir := t.TempDir()
-	overlayDir := filepath.Join(root, "config", "overlays", "workload-cluster")
+	// kustomize takes a kustomization's resources by relative path only.
+	rel := func(parts ...string) string {
+		r, err := filepath.Rel(dir, filepath.Join(append([]string{root}, parts...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
 	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
-		"resources:\n- " + overlayDir + "\n" +
-		"components:\n- " + filepath.Join(root, "config", "components", "approve-kubelet-csrs") + "\n" +
+		"resources:\n- " + rel("config", "overlays", "workload-cluster") + "\n" +
+		"components:\n- " + rel("config", "components", "approve-kubelet-csrs") + "\n" +
 		// The overlay's own namespace transformer, which runs after its
 		// components when the component is listed in the overlay itself.
-		"transformers:\n- " + filepath.Join(overlayDir, "namespace.yaml") + "\n"
+		"transformers:\n- " + rel("config", "overlays", "workload-cluster", "namespace.yaml") + "\n"
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
