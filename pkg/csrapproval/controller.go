@@ -308,8 +308,8 @@ func (c *Controller) facts(ctx context.Context, r Request) (Facts, error) {
 			return f, err
 		}
 		for _, m := range machines {
-			cand := Candidate{Machine: machineFacts(m)}
-			if claim := m.Annotations[v1alpha1.NodeClaimAnnotation]; claim != "" {
+			cand := Candidate{Machine: machineFacts(m), NodeClaimName: m.Annotations[v1alpha1.NodeClaimAnnotation]}
+			if claim := cand.NodeClaimName; claim != "" {
 				nc, err := c.nodeClaim(ctx, claim)
 				if err != nil {
 					return f, err

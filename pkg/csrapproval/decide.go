@@ -62,6 +62,7 @@ const (
 	ReasonAmbiguousName        = "AmbiguousName"
 	ReasonMachineDeleting      = "MachineDeleting"
 	ReasonMachineNotFound      = "MachineNotFound"
+	ReasonMachineNotBound      = "MachineNotBound"
 	ReasonNodeClaimNotFound    = "NodeClaimNotFound"
 	ReasonNodeClaimNotOurs     = "NodeClaimNotOurs"
 	ReasonNodeClaimDeleting    = "NodeClaimDeleting"
@@ -116,11 +117,14 @@ type NodeClaim struct {
 	ApprovedClientCSR string
 }
 
-// Candidate is one of the provider's Machines and its NodeClaim (nil when
-// the NodeClaim it names does not exist).
+// Candidate is one of the provider's Machines, the NodeClaim it is bound to
+// (its karpenter.cluster.x-k8s.io/nodeclaim annotation; empty while a
+// MachineDeployment's new Machine is not bound yet) and that NodeClaim (nil
+// when it does not exist).
 type Candidate struct {
-	Machine   Machine
-	NodeClaim *NodeClaim
+	Machine       Machine
+	NodeClaimName string
+	NodeClaim     *NodeClaim
 }
 
 // Facts are what the controller found about the name a request asks for.
@@ -203,8 +207,10 @@ func judgeClient(r Request, f Facts) Decision {
 	}
 	nc := c.NodeClaim
 	switch {
+	case c.NodeClaimName == "" && nc == nil:
+		return d(ReasonMachineNotBound, "the Machine is not bound to a NodeClaim yet")
 	case nc == nil:
-		return d(ReasonNodeClaimNotFound, "the Machine's NodeClaim does not exist")
+		return d(ReasonNodeClaimNotFound, "its NodeClaim %s does not exist", c.NodeClaimName)
 	case !nc.Ours:
 		return d(ReasonNodeClaimNotOurs, "NodeClaim %s is not of a ClusterAPINodeClass", nc.Name)
 	case nc.Deleting:

@@ -116,7 +116,7 @@ func claim() *NodeClaim {
 // clientFacts: one Machine of the provider reports the name; its NodeClaim
 // launched and has not registered.
 func clientFacts(mutate func(*Facts)) Facts {
-	f := Facts{Machines: []Candidate{{Machine: machine(), NodeClaim: claim()}}}
+	f := Facts{Machines: []Candidate{{Machine: machine(), NodeClaimName: claimName, NodeClaim: claim()}}}
 	if mutate != nil {
 		mutate(&f)
 	}
@@ -201,6 +201,9 @@ func TestJudge(t *testing.T) {
 			f.Machines = append(f.Machines, other)
 		}), want: Refuse, reason: ReasonAmbiguousName},
 		{name: "client: Machine being deleted", csr: clientCSR(t, nil), facts: clientFacts(func(f *Facts) { f.Machines[0].Machine.Deleting = true }), want: Refuse, reason: ReasonMachineDeleting},
+		{name: "client: Machine not bound yet", csr: clientCSR(t, nil), facts: clientFacts(func(f *Facts) {
+			f.Machines[0].NodeClaimName, f.Machines[0].NodeClaim = "", nil
+		}), want: Refuse, reason: ReasonMachineNotBound},
 		{name: "client: NodeClaim gone", csr: clientCSR(t, nil), facts: clientFacts(func(f *Facts) { f.Machines[0].NodeClaim = nil }), want: Refuse, reason: ReasonNodeClaimNotFound},
 		{name: "client: NodeClaim of another NodeClass", csr: clientCSR(t, nil), facts: clientFacts(func(f *Facts) { f.Machines[0].NodeClaim.Ours = false }), want: Refuse, reason: ReasonNodeClaimNotOurs},
 		{name: "client: NodeClaim being deleted", csr: clientCSR(t, nil), facts: clientFacts(func(f *Facts) { f.Machines[0].NodeClaim.Deleting = true }), want: Refuse, reason: ReasonNodeClaimDeleting},
