@@ -95,11 +95,14 @@ generate: ## Generate deepcopy, CRDs and RBAC
 		install -m 0644 "$$karpenter/pkg/apis/crds/karpenter.sh_$$crd.yaml" config/crd/karpenter/; done
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-hub paths=./pkg/hub/... output:rbac:artifacts:config=config/rbac/hub
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-workload paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac/workload
+	@# Granted only with --approve-kubelet-csrs (config/components/approve-kubelet-csrs, Helm value approveKubeletCSRs).
+	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-csr-approver paths=./pkg/csrapproval/... output:rbac:artifacts:config=config/rbac/csr-approver
 	@# The Helm chart carries the same CRDs and RBAC rules.
 	rm -f charts/karpenter-clusterapi/crds/*.yaml && cp config/crd/bases/*.yaml config/crd/karpenter/*.yaml charts/karpenter-clusterapi/crds/
 	cp config/rbac/hub/role.yaml charts/karpenter-clusterapi/rbac/hub-role.yaml
 	cp config/rbac/workload/role.yaml charts/karpenter-clusterapi/rbac/workload-role.yaml
 	cp config/rbac/workload/core_role.yaml charts/karpenter-clusterapi/rbac/core-role.yaml
+	cp config/rbac/csr-approver/role.yaml charts/karpenter-clusterapi/rbac/csr-approver-role.yaml
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale

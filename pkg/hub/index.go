@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -28,6 +29,10 @@ const (
 	// IndexMachineDeploymentBootstrapTemplate indexes MachineDeployments by
 	// their bootstrap config template as "<apiGroup>/<kind>/<name>".
 	IndexMachineDeploymentBootstrapTemplate = "spec.template.spec.bootstrap.configRef"
+	// IndexMachineHostname indexes Machines by the names their
+	// status.addresses give as Hostname or InternalDNS: the name a joining
+	// kubelet asks a certificate for.
+	IndexMachineHostname = "status.addresses.hostname"
 )
 
 // Annotations the provider keeps on MachineDeployments so that a replica it
@@ -63,6 +68,15 @@ func Indexes() []Index {
 				return []string{name}
 			}
 			return nil
+		}},
+		{&clusterv1.Machine{}, IndexMachineHostname, func(o client.Object) []string {
+			var out []string
+			for _, a := range o.(*clusterv1.Machine).Status.Addresses {
+				if (a.Type == clusterv1.MachineHostName || a.Type == clusterv1.MachineInternalDNS) && a.Address != "" && !slices.Contains(out, a.Address) {
+					out = append(out, a.Address)
+				}
+			}
+			return out
 		}},
 		{&clusterv1.MachineDeployment{}, IndexMachineDeploymentPendingClaim, func(o client.Object) []string {
 			pending, _ := PendingNodeClaims(o)

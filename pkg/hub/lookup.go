@@ -99,3 +99,20 @@ func (l *Lookup) Find(ctx context.Context, claim string, machine *types.Namespac
 	}
 	return l.Bound(ctx, claim)
 }
+
+// ByHostname returns the provider's Machines (Owned) whose status.addresses
+// give name as Hostname or InternalDNS. They are the informer's: do not
+// modify them.
+func (l *Lookup) ByHostname(ctx context.Context, name string) ([]*clusterv1.Machine, error) {
+	list := &clusterv1.MachineList{}
+	if err := l.hub.GetCache().List(ctx, list, client.MatchingFields{IndexMachineHostname: name}); err != nil {
+		return nil, fmt.Errorf("looking up the Machines named %s: %w", name, err)
+	}
+	var out []*clusterv1.Machine
+	for i := range list.Items {
+		if l.Owned(&list.Items[i]) {
+			out = append(out, &list.Items[i])
+		}
+	}
+	return out, nil
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/bufferpass"
 	overlaycontroller "github.com/autonode/karpenter-clusterapi/pkg/controllers/overlay"
+	"github.com/autonode/karpenter-clusterapi/pkg/csrapproval"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/pkg/launch"
@@ -185,7 +186,12 @@ func (o *Operator) Run(ctx context.Context) {
 			}
 		}
 	}
+	own := controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones)
+	if opts := options.FromContext(ctx); opts != nil && opts.ApproveKubeletCSRs {
+		log.FromContext(ctx).Info("approving the kubelet certificate requests of this provider's nodes")
+		own = append(own, csrapproval.NewController(o.GetClient(), o.Hub, machines))
+	}
 	o.WithControllers(ctx, coreControllers...).
-		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones)...).
+		WithControllers(ctx, own...).
 		Start(ctx)
 }

@@ -40,6 +40,7 @@ var contractNames = map[string]string{
 	"ReservationZoneAnnotation":   v1alpha1.ReservationZoneAnnotation,
 	"ReservedPriceAnnotation":     v1alpha1.ReservedPriceAnnotation,
 	"ReservationIDAnnotation":     v1alpha1.ReservationIDAnnotation,
+	"KubeletClientCSRAnnotation":  v1alpha1.KubeletClientCSRAnnotation,
 }
 
 // otherNames are further names users meet, from other packages.

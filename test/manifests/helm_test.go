@@ -34,6 +34,16 @@ var helmCases = []helmCase{{
 		checkRules(t, objs, "ClusterRole", "-core", generatedRules(t, "config/rbac/workload/core_role.yaml"))
 		checkCRDs(t, objs)
 		checkEnv(t, objs, map[string]string{"CLUSTER_API_NAMESPACE": "my-cluster", "CLUSTER_API_CLUSTER_NAME": "my-cluster", "INSTALL_WORKLOAD_CRDS": "false"})
+		checkNoCSRApprover(t, objs)
+	},
+}, {
+	name:      "workload cluster, approves kubelet CSRs",
+	namespace: "karpenter",
+	set:       []string{"approveKubeletCSRs=true"},
+	check: func(t *testing.T, objs []*unstructured.Unstructured) {
+		checkRules(t, objs, "ClusterRole", "-csr-approver", generatedRules(t, "config/rbac/csr-approver/role.yaml"))
+		checkBound(t, objs, "-csr-approver", "karpenter")
+		checkEnv(t, objs, map[string]string{"APPROVE_KUBELET_CSRS": "true"})
 	},
 }, {
 	name:      "workload cluster, installs CRDs, feature gates, own ports",
@@ -54,6 +64,22 @@ var helmCases = []helmCase{{
 	check: func(t *testing.T, objs []*unstructured.Unstructured) {
 		checkDeployment(t, objs, deploymentExpectations{topology: inManagementCluster, metricsPort: 8080, healthPort: 8081})
 		checkRules(t, objs, "Role", "-hub", generatedRules(t, "config/rbac/hub/role.yaml"))
+		checkNoCSRApprover(t, objs)
+	},
+}, {
+	name:      "management cluster, approves kubelet CSRs",
+	namespace: "my-cluster",
+	toHub:     true,
+	set:       []string{"topology=management-cluster", "clusterAPI.clusterName=my-cluster", "approveKubeletCSRs=true"},
+	check: func(t *testing.T, objs []*unstructured.Unstructured) {
+		// Cluster API's kubeconfig of the workload cluster approves already:
+		// no RBAC in the management cluster for it.
+		checkEnv(t, objs, map[string]string{"APPROVE_KUBELET_CSRS": "true"})
+		for _, o := range objs {
+			if strings.HasSuffix(o.GetName(), "-csr-approver") {
+				t.Errorf("%s %s rendered in the management cluster", o.GetKind(), o.GetName())
+			}
+		}
 	},
 }, {
 	name:      "hub access, scoped",
@@ -154,9 +180,10 @@ func TestChartInSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	pairs := map[string]string{ // copy -> original
-		"charts/karpenter-clusterapi/rbac/hub-role.yaml":      filepath.Join(root, "config/rbac/hub/role.yaml"),
-		"charts/karpenter-clusterapi/rbac/workload-role.yaml": filepath.Join(root, "config/rbac/workload/role.yaml"),
-		"charts/karpenter-clusterapi/rbac/core-role.yaml":     filepath.Join(root, "config/rbac/workload/core_role.yaml"),
+		"charts/karpenter-clusterapi/rbac/hub-role.yaml":          filepath.Join(root, "config/rbac/hub/role.yaml"),
+		"charts/karpenter-clusterapi/rbac/workload-role.yaml":     filepath.Join(root, "config/rbac/workload/role.yaml"),
+		"charts/karpenter-clusterapi/rbac/core-role.yaml":         filepath.Join(root, "config/rbac/workload/core_role.yaml"),
+		"charts/karpenter-clusterapi/rbac/csr-approver-role.yaml": filepath.Join(root, "config/rbac/csr-approver/role.yaml"),
 	}
 	var want []string
 	for _, dir := range []string{"config/crd/bases", "config/crd/karpenter"} {
@@ -208,4 +235,44 @@ func checkEnv(t *testing.T, objs []*unstructured.Unstructured, want map[string]s
 			t.Errorf("env %s = %q, want %q", k, env[k], v)
 		}
 	}
+}
+
+// checkNoCSRApprover: without approveKubeletCSRs (or its kustomize
+// component) nothing of the kubelet certificate approver is rendered.
+func checkNoCSRApprover(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		if strings.HasSuffix(o.GetName(), "-csr-approver") {
+			t.Errorf("%s %s rendered with the approver off", o.GetKind(), o.GetName())
+		}
+	}
+	d := find(objs, "Deployment")[0]
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	env, _ := containers[0].(map[string]any)["env"].([]any)
+	for _, e := range env {
+		if e.(map[string]any)["name"] == "APPROVE_KUBELET_CSRS" {
+			t.Error("APPROVE_KUBELET_CSRS set with the approver off")
+		}
+	}
+}
+
+// checkBound: the ClusterRoleBinding named *suffix binds the provider's
+// ServiceAccount in namespace.
+func checkBound(t *testing.T, objs []*unstructured.Unstructured, suffix, namespace string) {
+	t.Helper()
+	for _, o := range find(objs, "ClusterRoleBinding") {
+		if !strings.HasSuffix(o.GetName(), suffix) {
+			continue
+		}
+		subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+		for _, s := range subjects {
+			m := s.(map[string]any)
+			if m["kind"] == "ServiceAccount" && m["namespace"] == namespace {
+				return
+			}
+		}
+		t.Errorf("ClusterRoleBinding %s binds no ServiceAccount in %s: %v", o.GetName(), namespace, subjects)
+		return
+	}
+	t.Errorf("no ClusterRoleBinding named *%s", suffix)
 }

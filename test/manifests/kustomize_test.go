@@ -27,6 +27,7 @@ var overlays = map[string]overlay{
 			checkRules(t, objs, "ClusterRole", "-workload", generatedRules(t, "config/rbac/workload/role.yaml"))
 			checkRules(t, objs, "ClusterRole", "-core", generatedRules(t, "config/rbac/workload/core_role.yaml"))
 			checkCRDs(t, objs)
+			checkNoCSRApprover(t, objs)
 		},
 	},
 	"hub-access": {
@@ -130,4 +131,47 @@ func checkCRDs(t *testing.T, objs []*unstructured.Unstructured) {
 			t.Errorf("CRD %s missing", want)
 		}
 	}
+}
+
+// TestKustomizeApproveKubeletCSRs renders the workload-cluster overlay with
+// the approve-kubelet-csrs component, as docs/install.md says to add it:
+// the flag's variable is set, the approval rules are exactly the generated
+// ones, bound to the provider's ServiceAccount in the overlay's namespace.
+func TestKustomizeApproveKubeletCSRs(t *testing.T) {
+	root := environment.RepoRoot()
+	dir := t.TempDir()
+	// kustomize takes a kustomization's resources by relative path only.
+	rel := func(parts ...string) string {
+		r, err := filepath.Rel(dir, filepath.Join(append([]string{root}, parts...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
+		"resources:\n- " + rel("config", "overlays", "workload-cluster") + "\n" +
+		"components:\n- " + rel("config", "components", "approve-kubelet-csrs") + "\n" +
+		// The overlay's own namespace transformer, which runs after its
+		// components when the component is listed in the overlay itself.
+		"transformers:\n- " + rel("config", "overlays", "workload-cluster", "namespace.yaml") + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runTool(t, kustomizeTool, "build", "--load-restrictor", "LoadRestrictionsNone", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ensureNamespace(t, spoke, "karpenter")
+	for _, obj := range objs {
+		if err := applyDryRun(spoke, obj, ""); err != nil {
+			t.Error(err)
+		}
+	}
+	checkRules(t, objs, "ClusterRole", "-csr-approver", generatedRules(t, "config/rbac/csr-approver/role.yaml"))
+	checkBound(t, objs, "-csr-approver", "karpenter")
+	checkEnv(t, objs, map[string]string{"APPROVE_KUBELET_CSRS": "true"})
 }

@@ -7,13 +7,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -62,7 +65,10 @@ const (
 //     its preStop hooks run, within its termination grace period, and is
 //     deleted for good once its containers stopped (terminationDone);
 //   - deletes the Node when the instance is terminated (the CCM's node
-//     lifecycle controller).
+//     lifecycle controller);
+//   - with JoinWithCSR (World.SetKubeletJoin), registers only once its
+//     client certificate request was approved and signed, then asks for a
+//     serving certificate (see csrjoin.go).
 type simKubelet struct {
 	aws     instanceSource
 	cluster types.NamespacedName
@@ -84,6 +90,15 @@ type simKubelet struct {
 	// pulls are when each Node started pulling each image (node -> image
 	// -> start), guarded by mu.
 	pulls map[string]map[string]time.Time
+	// join is how kubelets join (World.SetKubeletJoin); nil: JoinDirect.
+	join func() JoinMode
+	// csrJoined are the Nodes registered after a JoinWithCSR bootstrap
+	// (they ask for a serving certificate), guarded by mu.
+	csrJoined map[string]bool
+	// config is the spoke's admin config, impersonated to make requests
+	// as a bootstrap token or a node.
+	config   *rest.Config
+	rbacDone atomic.Bool
 }
 
 // instanceSource is the cloud whose instances the simulated kubelet runs:
@@ -94,7 +109,7 @@ type instanceSource interface {
 }
 
 func newSimKubelet(aws instanceSource, cluster types.NamespacedName) *simKubelet {
-	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, terminating: map[types.UID]time.Time{}, events: make(chan event.GenericEvent, 4096)}
+	k := &simKubelet{aws: aws, cluster: cluster, registered: map[string]bool{}, csrJoined: map[string]bool{}, terminating: map[types.UID]time.Time{}, events: make(chan event.GenericEvent, 4096)}
 	aws.onInstanceChange(func(host string) {
 		k.events <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host}}}
 	})
@@ -113,9 +128,12 @@ func (k *simKubelet) instance(host string) (Instance, bool) {
 
 func (k *simKubelet) setupWithManager(mgr ctrl.Manager) error {
 	k.client = mgr.GetClient()
+	k.config = mgr.GetConfig()
 	if err := ctrl.NewControllerManagedBy(mgr).Named("sim-kubelet-node").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(simulatedNode))).
 		WatchesRawSource(source.Channel(k.events, &handler.EnqueueRequestForObject{})).
+		// A JoinWithCSR kubelet waits for its client certificate.
+		Watches(&certificatesv1.CertificateSigningRequest{}, handler.EnqueueRequestsFromMapFunc(csrToNode)).
 		// Every Node has a kubelet of its own: its heartbeats do not queue
 		// behind a thousand others'.
 		WithOptions(controller.Options{MaxConcurrentReconciles: kubeletConcurrency}).
@@ -198,12 +216,22 @@ func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (
 		if registered {
 			return reconcile.Result{}, nil // deleted after registration: a kubelet does not re-register
 		}
+		byCSR := k.join != nil && k.join() == JoinWithCSR
+		if byCSR {
+			issued, err := k.joinWithCSR(ctx, in)
+			if err != nil || !issued {
+				return reconcile.Result{}, err // the request's approval and certificate bring it back
+			}
+		}
 		node = k.newNode(in, boot)
 		if err := k.client.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
 			return reconcile.Result{}, err
 		}
 		k.mu.Lock()
 		k.registered[name] = true
+		if byCSR {
+			k.csrJoined[name] = true
+		}
 		k.mu.Unlock()
 		// The Node create event brings us back to post its status.
 		return reconcile.Result{}, nil
@@ -213,7 +241,13 @@ func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (
 	}
 	k.mu.Lock()
 	k.registered[name] = true
+	csrJoined := k.csrJoined[name]
 	k.mu.Unlock()
+	if csrJoined {
+		if err := k.requestServingCert(ctx, in); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 
 	// A real node reports NotReady for a while after registering, until
 	// its network plugin runs; the API server's clock dates the Node.

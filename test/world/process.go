@@ -128,9 +128,18 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 	// pod GC (Pods of deleted Nodes) and disruption (PodDisruptionBudget
 	// status, without which every eviction is refused). No node-lifecycle controller: the simulated kubelet
 	// plays its part (not-ready taint removal, Node deletion via the CCM).
+	// csrsigning signs the kubelets' approved certificate requests
+	// (JoinWithCSR) with a CA of the world's, checking them as in any
+	// cluster; nothing approves them but whoever a test runs.
+	signerCert, signerKey, err := writeSignerCA(w.Dir, wc.logSuffix)
+	if err != nil {
+		return err
+	}
 	wc.controllerManager, err = startProcess("kube-controller-manager"+wc.logSuffix, kcmBin, []string{
 		"--kubeconfig=" + wc.SpokeKubeconfig,
-		"--controllers=deployment,replicaset,daemonset,garbagecollector,podgc,disruption",
+		"--controllers=deployment,replicaset,daemonset,garbagecollector,podgc,disruption,csrsigning",
+		"--cluster-signing-cert-file=" + signerCert,
+		"--cluster-signing-key-file=" + signerKey,
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",

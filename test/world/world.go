@@ -193,8 +193,10 @@ type World struct {
 	nodeReadyDelay atomic.Int64
 	// imagePullDelay is Options.ImagePullDelay (nanoseconds).
 	imagePullDelay atomic.Int64
-	stopOnce       sync.Once
-	stopErr        error
+	// kubeletJoin is SetKubeletJoin's JoinMode.
+	kubeletJoin atomic.Int32
+	stopOnce    sync.Once
+	stopErr     error
 }
 
 // WorkloadCluster is a Cluster of the world, in the world's Namespace, and
@@ -330,7 +332,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		}
 		managers = append(managers, awsMgr)
 	}
-	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, w.pullDelay, log.WithName("kubelet"))
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, w.pullDelay, w.joinMode, log.WithName("kubelet"))
 	if err != nil {
 		return w, err
 	}
@@ -445,7 +447,7 @@ func (w *World) pullDelay() time.Duration { return time.Duration(w.imagePullDela
 
 // newSpokeManager runs the simulated kubelet of the Cluster's instances
 // against its workload cluster.
-func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, readyDelay, pullDelay func() time.Duration, log logr.Logger) (ctrl.Manager, error) {
+func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, readyDelay, pullDelay func() time.Duration, join func() JoinMode, log logr.Logger) (ctrl.Manager, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
@@ -462,7 +464,7 @@ func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.Namespa
 		return nil, err
 	}
 	k := newSimKubelet(aws, cluster)
-	k.readyDelay, k.pullDelay = readyDelay, pullDelay
+	k.readyDelay, k.pullDelay, k.join = readyDelay, pullDelay, join
 	return mgr, k.setupWithManager(mgr)
 }
 
@@ -649,7 +651,7 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 	if wc.SpokeKubeconfig, err = spoke.WriteKubeconfig(w.Dir); err != nil {
 		return nil, err
 	}
-	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.readyDelay, w.pullDelay, w.log.WithName("kubelet-"+name))
+	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.readyDelay, w.pullDelay, w.joinMode, w.log.WithName("kubelet-"+name))
 	if err != nil {
 		return nil, err
 	}

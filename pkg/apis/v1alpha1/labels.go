@@ -12,6 +12,10 @@ const (
 	MachineDeploymentAnnotation = Group + "/machinedeployment"
 	// NodeClaimAnnotation on a Machine names the NodeClaim it backs.
 	NodeClaimAnnotation = Group + "/nodeclaim"
+	// KubeletClientCSRAnnotation on a NodeClaim names the kubelet client
+	// CertificateSigningRequest the provider approved for its node
+	// (--approve-kubelet-csrs): one per NodeClaim.
+	KubeletClientCSRAnnotation = Group + "/kubelet-client-csr"
 	// PriceAnnotation is the on-demand price per hour (a decimal).
 	PriceAnnotation = Group + "/price"
 	// SpotPriceAnnotation is the spot price per hour (a decimal).

@@ -36,6 +36,7 @@ const (
 	FlagLeaseDuration        = "leader-election-lease-duration"
 	FlagRenewDeadline        = "leader-election-renew-deadline"
 	FlagRetryPeriod          = "leader-election-retry-period"
+	FlagApproveKubeletCSRs   = "approve-kubelet-csrs"
 )
 
 // DefaultUnavailableTTL is how long an offering that failed for lack of
@@ -65,6 +66,9 @@ type Options struct {
 	// RepairConditions are node conditions, besides Ready, that make
 	// Karpenter replace a node once they held for their toleration.
 	RepairConditions []RepairCondition
+	// ApproveKubeletCSRs runs the approver of the kubelet certificate
+	// requests of the provider's nodes (package csrapproval).
+	ApproveKubeletCSRs bool
 
 	repairConditionsRaw string
 }
@@ -89,6 +93,8 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"How long the leader keeps trying to renew its lease before it gives up and exits (an API server outage longer than this restarts the leader).")
 	fs.DurationVar(&o.LeaderElection.RetryPeriod, FlagRetryPeriod, env.WithDefaultDuration("LEADER_ELECTION_RETRY_PERIOD", leader.DefaultRetryPeriod),
 		"How often the leader renews its lease and standbys try to take it: one lease write per period by the leader, one read per standby.")
+	fs.BoolVarWithEnv(&o.ApproveKubeletCSRs, FlagApproveKubeletCSRs, "APPROVE_KUBELET_CSRS", false,
+		"Approve the kubelet client and serving certificate signing requests of this provider's nodes, checked against the Machines that launched them (needs the approver's RBAC).")
 	fs.StringVar(&o.repairConditionsRaw, FlagRepairConditions, env.WithDefaultString("REPAIR_CONDITIONS", ""),
 		"Node conditions, besides Ready, that make Karpenter replace a node once they held for a while (feature gate NodeRepair): <type>=<status>:<toleration>,... e.g. KernelDeadlock=True:10m.")
 }

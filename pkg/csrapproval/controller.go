@@ -1,0 +1,396 @@
+package csrapproval
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	controllerruntime "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/metrics"
+	"github.com/autonode/karpenter-clusterapi/pkg/spoke"
+)
+
+const (
+	// indexNodeName indexes pending kubelet requests by the node they name.
+	indexNodeName = "karpenter.cluster.x-k8s.io/csr-node-name"
+	// nodeClaimProviderIDIndex is core's index of NodeClaims by providerID.
+	nodeClaimProviderIDIndex = "status.providerID"
+	// approvalReason is the reason of the Approved condition the approver sets.
+	approvalReason = "KarpenterClusterAPIApprove"
+	// recheck is how often a pending request of the provider's signers that
+	// is not (yet) approvable is looked at again without an event, while
+	// it is younger than recheckFor (a watch event missed during an outage).
+	recheck    = 30 * time.Second
+	recheckFor = 15 * time.Minute
+)
+
+// Machines finds the provider's Machines (hub.Lookup).
+type Machines interface {
+	ByHostname(ctx context.Context, name string) ([]*clusterv1.Machine, error)
+	Find(ctx context.Context, claim string, machine *types.NamespacedName, providerID string) (*clusterv1.Machine, error)
+	Owned(m *clusterv1.Machine) bool
+}
+
+// Controller approves the kubelet certificate requests Judge approves,
+// watching CertificateSigningRequests, Nodes and NodeClaims in the workload
+// cluster and Machines in the management cluster (a request that arrives
+// before its Machine reports its address is decided when it does).
+type Controller struct {
+	kubeClient client.Client
+	hub        *hub.Hub
+	machines   Machines
+	recorder   record.EventRecorder
+
+	mu sync.Mutex
+	// refused is the last refusal reason counted per request name, so that
+	// each request counts (and is reported) once per reason.
+	refused map[string]string
+}
+
+// NewController returns the approver; kubeClient is the workload cluster's
+// cached client (with core's NodeClaim providerID index).
+func NewController(kubeClient client.Client, h *hub.Hub, machines Machines) *Controller {
+	return &Controller{kubeClient: kubeClient, hub: h, machines: machines, refused: map[string]string{}}
+}
+
+// Name of the controller.
+func (c *Controller) Name() string { return "csr.approval" }
+
+// Register indexes the pending kubelet requests by node name and watches
+// what a decision depends on.
+func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
+	c.recorder = m.GetEventRecorderFor("karpenter-clusterapi") //nolint:staticcheck // the recorder core uses too
+	if err := m.GetFieldIndexer().IndexField(ctx, &certificatesv1.CertificateSigningRequest{}, indexNodeName, func(o client.Object) []string {
+		csr := o.(*certificatesv1.CertificateSigningRequest)
+		if !pending(csr) {
+			return nil
+		}
+		if r := ReadRequest(csr); r.NodeName != "" {
+			return []string{r.NodeName}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing CertificateSigningRequests by node name: %w", err)
+	}
+	return controllerruntime.NewControllerManagedBy(m).
+		Named(c.Name()).
+		For(&certificatesv1.CertificateSigningRequest{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			csr, ok := o.(*certificatesv1.CertificateSigningRequest)
+			return ok && pending(csr)
+		}))).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return c.requestsFor(ctx, o.GetName())
+		})).
+		Watches(&karpv1.NodeClaim{}, handler.EnqueueRequestsFromMapFunc(c.nodeClaimToRequests)).
+		WatchesRawSource(source.Kind(c.hub.GetCache(), client.Object(&clusterv1.Machine{}),
+			handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+				return c.machineToRequests(ctx, o.(*clusterv1.Machine))
+			}))).
+		Complete(c)
+}
+
+// pending: a request of a kubelet signer nobody decided on yet.
+func pending(csr *certificatesv1.CertificateSigningRequest) bool {
+	if KindOf(csr.Spec.SignerName) == "" || len(csr.Status.Certificate) > 0 {
+		return false
+	}
+	for _, cond := range csr.Status.Conditions {
+		switch cond.Type {
+		case certificatesv1.CertificateApproved, certificatesv1.CertificateDenied, certificatesv1.CertificateFailed:
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Controller) requestsFor(ctx context.Context, nodeName string) []reconcile.Request {
+	if nodeName == "" {
+		return nil
+	}
+	list := &certificatesv1.CertificateSigningRequestList{}
+	if err := c.kubeClient.List(ctx, list, client.MatchingFields{indexNodeName: nodeName}); err != nil {
+		return nil
+	}
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
+	}
+	return out
+}
+
+func (c *Controller) machineToRequests(ctx context.Context, m *clusterv1.Machine) []reconcile.Request {
+	var out []reconcile.Request
+	for _, a := range m.Status.Addresses {
+		if a.Type == clusterv1.MachineHostName || a.Type == clusterv1.MachineInternalDNS {
+			out = append(out, c.requestsFor(ctx, a.Address)...)
+		}
+	}
+	return out
+}
+
+// nodeClaimToRequests wakes the requests of a NodeClaim's node: by its
+// Node's name once registered, else by its Machine's names.
+func (c *Controller) nodeClaimToRequests(ctx context.Context, o client.Object) []reconcile.Request {
+	nc, ok := o.(*karpv1.NodeClaim)
+	if !ok || !spoke.Ours(nc) {
+		return nil
+	}
+	if nc.Status.NodeName != "" {
+		return c.requestsFor(ctx, nc.Status.NodeName)
+	}
+	key, ok := machineKey(nc)
+	if !ok {
+		return nil
+	}
+	m := &clusterv1.Machine{}
+	if err := c.hub.GetCache().Get(ctx, key, m); err != nil {
+		return nil
+	}
+	return c.machineToRequests(ctx, m)
+}
+
+// Reconcile decides on one request.
+func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	csr := &certificatesv1.CertificateSigningRequest{}
+	if err := c.kubeClient.Get(ctx, req.NamespacedName, csr); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.forget(req.Name)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pending(csr) {
+		c.forget(csr.Name)
+		return reconcile.Result{}, nil
+	}
+	r := ReadRequest(csr)
+	facts, err := c.facts(ctx, r)
+	if err != nil {
+		// On doubt, nothing: the request stays pending and is retried.
+		return reconcile.Result{}, fmt.Errorf("CertificateSigningRequest %s: %w", csr.Name, err)
+	}
+	d := Judge(r, facts)
+	logger := log.FromContext(ctx).WithValues("CertificateSigningRequest", csr.Name, "signer", csr.Spec.SignerName, "node", r.NodeName)
+	switch d.Verdict {
+	case NotOurs:
+		logger.V(1).Info("kubelet certificate request is not for a node of this provider: left alone")
+		return c.recheck(csr), nil
+	case Refuse:
+		c.refuse(ctx, csr, d)
+		return c.recheck(csr), nil
+	}
+	if d.Kind == KindClient {
+		if err := c.recordClientApproval(ctx, d.NodeClaim, csr.Name); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+		Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue,
+		Reason: approvalReason, Message: d.Message, LastUpdateTime: metav1.Now(),
+	})
+	if err := c.kubeClient.SubResource("approval").Update(ctx, csr); err != nil {
+		return reconcile.Result{}, fmt.Errorf("approving CertificateSigningRequest %s: %w", csr.Name, err)
+	}
+	c.forget(csr.Name)
+	metrics.KubeletCSRDecisions.WithLabelValues(d.Kind, "approved", ReasonApproved).Inc()
+	logger.Info("approved kubelet certificate request", "kind", d.Kind, "NodeClaim", d.NodeClaim, "Machine", d.Machine)
+	c.event(ctx, d.NodeClaim, corev1.EventTypeNormal, "KubeletCSRApproved", fmt.Sprintf("CertificateSigningRequest %s: %s", csr.Name, d.Message))
+	return reconcile.Result{}, nil
+}
+
+// recheck requeues a young request that is not approvable yet.
+func (c *Controller) recheck(csr *certificatesv1.CertificateSigningRequest) reconcile.Result {
+	if time.Since(csr.CreationTimestamp.Time) < recheckFor {
+		return reconcile.Result{RequeueAfter: recheck}
+	}
+	return reconcile.Result{}
+}
+
+// recordClientApproval writes, before the approval, which client request
+// the NodeClaim gets: with the optimistic lock, two requests for one
+// NodeClaim cannot both pass (the second sees the first's name).
+func (c *Controller) recordClientApproval(ctx context.Context, claim, csrName string) error {
+	nc := &karpv1.NodeClaim{}
+	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: claim}, nc); err != nil {
+		return fmt.Errorf("reading NodeClaim %s: %w", claim, err)
+	}
+	switch nc.Annotations[v1alpha1.KubeletClientCSRAnnotation] {
+	case csrName:
+		return nil
+	case "":
+	default:
+		return fmt.Errorf("NodeClaim %s had another client certificate request approved meanwhile", claim)
+	}
+	patch := client.MergeFromWithOptions(nc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if nc.Annotations == nil {
+		nc.Annotations = map[string]string{}
+	}
+	nc.Annotations[v1alpha1.KubeletClientCSRAnnotation] = csrName
+	if err := c.kubeClient.Patch(ctx, nc, patch); err != nil {
+		return fmt.Errorf("recording client certificate request %s on NodeClaim %s: %w", csrName, claim, err)
+	}
+	return nil
+}
+
+// refuse reports a refusal once per request and reason: a log line, the
+// metric and, when the NodeClaim is known, a Warning event on it. The
+// request is left pending (not denied): a human or another approver may
+// still decide.
+func (c *Controller) refuse(ctx context.Context, csr *certificatesv1.CertificateSigningRequest, d Decision) {
+	c.mu.Lock()
+	seen := c.refused[csr.Name] == d.Reason
+	c.refused[csr.Name] = d.Reason
+	c.mu.Unlock()
+	if seen {
+		return
+	}
+	metrics.KubeletCSRDecisions.WithLabelValues(d.Kind, "refused", d.Reason).Inc()
+	log.FromContext(ctx).Info("not approving kubelet certificate request", "CertificateSigningRequest", csr.Name,
+		"kind", d.Kind, "reason", d.Reason, "NodeClaim", d.NodeClaim, "Machine", d.Machine, "check", d.Message)
+	c.event(ctx, d.NodeClaim, corev1.EventTypeWarning, "KubeletCSRNotApproved", fmt.Sprintf("CertificateSigningRequest %s not approved (%s): %s", csr.Name, d.Reason, d.Message))
+}
+
+func (c *Controller) forget(name string) {
+	c.mu.Lock()
+	delete(c.refused, name)
+	c.mu.Unlock()
+}
+
+func (c *Controller) event(ctx context.Context, claim, eventType, reason, message string) {
+	if claim == "" || c.recorder == nil {
+		return
+	}
+	nc := &karpv1.NodeClaim{}
+	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: claim}, nc); err != nil {
+		return
+	}
+	c.recorder.Event(nc, eventType, reason, message)
+}
+
+// facts gathers what Judge needs about the node a request names. Errors
+// are errors, never an empty answer.
+func (c *Controller) facts(ctx context.Context, r Request) (Facts, error) {
+	var f Facts
+	if r.NodeName == "" {
+		return f, nil
+	}
+	node := &corev1.Node{}
+	switch err := c.kubeClient.Get(ctx, types.NamespacedName{Name: r.NodeName}, node); {
+	case err == nil:
+		f.NodeExists = true
+	case !apierrors.IsNotFound(err):
+		return f, fmt.Errorf("reading Node %s: %w", r.NodeName, err)
+	}
+	switch KindOf(r.SignerName) {
+	case KindClient:
+		machines, err := c.machines.ByHostname(ctx, r.NodeName)
+		if err != nil {
+			return f, err
+		}
+		for _, m := range machines {
+			cand := Candidate{Machine: machineFacts(m), NodeClaimName: m.Annotations[v1alpha1.NodeClaimAnnotation]}
+			if claim := cand.NodeClaimName; claim != "" {
+				nc, err := c.nodeClaim(ctx, claim)
+				if err != nil {
+					return f, err
+				}
+				cand.NodeClaim = nc
+			}
+			f.Machines = append(f.Machines, cand)
+		}
+	case KindServing:
+		if !f.NodeExists || node.Spec.ProviderID == "" {
+			return f, nil
+		}
+		list := &karpv1.NodeClaimList{}
+		if err := c.kubeClient.List(ctx, list, client.MatchingFields{nodeClaimProviderIDIndex: node.Spec.ProviderID}); err != nil {
+			return f, fmt.Errorf("looking up the NodeClaim of Node %s: %w", node.Name, err)
+		}
+		for i := range list.Items {
+			nc := &list.Items[i]
+			if !spoke.Ours(nc) {
+				continue
+			}
+			f.NodeClaim = nodeClaimFacts(nc)
+			key, ok := machineKey(nc)
+			var keyPtr *types.NamespacedName
+			if ok {
+				keyPtr = &key
+			}
+			m, err := c.machines.Find(ctx, nc.Name, keyPtr, node.Spec.ProviderID)
+			if err != nil {
+				return f, err
+			}
+			// Only a Machine of the provider's Cluster that runs this very
+			// instance vouches for its addresses.
+			if m != nil && c.machines.Owned(m) && m.Spec.ProviderID == node.Spec.ProviderID {
+				mf := machineFacts(m)
+				f.Machine = &mf
+			}
+			break
+		}
+	}
+	return f, nil
+}
+
+// nodeClaim reads a NodeClaim from the cache; nil when it does not exist.
+func (c *Controller) nodeClaim(ctx context.Context, name string) (*NodeClaim, error) {
+	nc := &karpv1.NodeClaim{}
+	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: name}, nc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading NodeClaim %s: %w", name, err)
+	}
+	return nodeClaimFacts(nc), nil
+}
+
+func nodeClaimFacts(nc *karpv1.NodeClaim) *NodeClaim {
+	return &NodeClaim{
+		Name:              nc.Name,
+		Ours:              spoke.Ours(nc),
+		Launched:          nc.Status.ProviderID != "",
+		Registered:        nc.Status.NodeName != "" || nc.StatusConditions().IsTrue(karpv1.ConditionTypeRegistered),
+		NodeName:          nc.Status.NodeName,
+		Deleting:          !nc.DeletionTimestamp.IsZero(),
+		ApprovedClientCSR: nc.Annotations[v1alpha1.KubeletClientCSRAnnotation],
+	}
+}
+
+func machineFacts(m *clusterv1.Machine) Machine {
+	_, marked := m.Annotations[clusterv1.DeleteMachineAnnotation]
+	return Machine{
+		Key:       m.Namespace + "/" + m.Name,
+		Addresses: append(clusterv1.MachineAddresses(nil), m.Status.Addresses...),
+		Deleting:  marked || !m.DeletionTimestamp.IsZero(),
+	}
+}
+
+// machineKey reads the Machine recorded on the NodeClaim at launch.
+func machineKey(nc *karpv1.NodeClaim) (types.NamespacedName, bool) {
+	ns, name, ok := strings.Cut(nc.Annotations[v1alpha1.MachineAnnotation], "/")
+	if !ok || ns == "" || name == "" {
+		return types.NamespacedName{}, false
+	}
+	return types.NamespacedName{Namespace: ns, Name: name}, true
+}
