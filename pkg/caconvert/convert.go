@@ -200,17 +200,18 @@ func poolName(cluster, group string, taken map[string]bool) string {
 	if strings.HasPrefix(group, cluster+"-") || group == cluster {
 		base = strings.ToLower(group)
 	}
+	if len(base) > 63 {
+		sum := sha256.Sum256([]byte(base))
+		base = strings.TrimRight(base[:52], "-.") + "-" + hex.EncodeToString(sum[:])[:10]
+	}
 	name := base
-	for i := 2; taken[name] || len(name) > 63; i++ {
-		if len(base) > 63 {
-			sum := sha256.Sum256([]byte(base))
-			base = strings.TrimRight(base[:52], "-.") + "-" + hex.EncodeToString(sum[:])[:10]
+	for i := 2; taken[name]; i++ {
+		suffix := fmt.Sprintf("-%d", i)
+		b := base
+		if len(b)+len(suffix) > 63 {
+			b = strings.TrimRight(b[:63-len(suffix)], "-.")
 		}
-		if taken[base] {
-			name = fmt.Sprintf("%s-%d", base, i)
-		} else {
-			name = base
-		}
+		name = b + suffix
 	}
 	taken[name] = true
 	return name

@@ -185,7 +185,11 @@ func (o *Operator) Run(ctx context.Context) {
 			}
 		}
 	}
+	nodeRepair := false
+	if coreopts := coreoptions.FromContext(ctx); coreopts != nil {
+		nodeRepair = coreopts.FeatureGates.NodeRepair
+	}
 	o.WithControllers(ctx, coreControllers...).
-		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones)...).
+		WithControllers(ctx, controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones, nodeRepair)...).
 		Start(ctx)
 }
