@@ -69,8 +69,12 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 		Named(c.Name()).
 		For(&v1alpha1.ClusterAPINodeClass{}).
 		WatchesRawSource(source.Kind(c.hub.GetCache(), client.Object(&clusterv1.MachineDeployment{}), handler.Funcs{
-			CreateFunc: func(ctx context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) { all(ctx, q) },
-			DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) { all(ctx, q) },
+			CreateFunc: func(ctx context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				all(ctx, q)
+			},
+			DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				all(ctx, q)
+			},
 			UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				c.recordChange(e.ObjectOld, e.ObjectNew)
 				all(ctx, q)
