@@ -59,7 +59,7 @@ func TestApplyIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	in, err := Read(ctx, hubEnv.Client, ns, "c1")
+	in, err := Read(ctx, hubEnv.Client, ns, "c1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

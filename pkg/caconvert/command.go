@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -55,6 +56,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"kubeconfig of the workload cluster, where --apply puts the NodeClasses and NodePools (default: in-cluster)")
 	namespace := fs.String("namespace", "", "namespace of the Cluster(s) in the management cluster (default: all namespaces)")
 	clusterName := fs.String("cluster-name", "", "convert only the node groups of this Cluster (required with --apply when several Clusters have node groups)")
+	selector := fs.String("selector", "", "convert only the MachineDeployments and MachineSets with these labels, e.g. the labels of cluster-autoscaler's --node-group-auto-discovery (color=green,shape=square)")
 	expander := fs.String("expander", "random", "cluster-autoscaler's --expander value, e.g. priority,least-waste")
 	priorityConfig := fs.String("priority-config", "", "the priority expander's ConfigMap (cluster-autoscaler-priority-expander) as a YAML file, or its data.priorities")
 	apply := fs.Bool("apply", false, "apply the result with server-side apply instead of printing it")
@@ -93,7 +95,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: --cluster-api-kubeconfig: %v\n", Command, err)
 		return 1
 	}
-	in, err := Read(ctx, hub, *namespace, *clusterName)
+	sel, err := labels.Parse(*selector)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: --selector: %v\n", Command, err)
+		return 2
+	}
+	in, err := Read(ctx, hub, *namespace, *clusterName, sel)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: reading the management cluster: %v\n", Command, err)
 		return 1
@@ -152,12 +159,15 @@ func newClient(kubeconfig string) (client.Client, error) {
 }
 
 // Read lists the node groups' objects in the namespace (all when empty),
-// of the Cluster when clusterName is set, and the infrastructure templates
-// they name. A template that does not exist, or whose kind the cluster does
+// of the Cluster when clusterName is set, matching the selector (nil:
+// all), and the infrastructure templates they name. A template that does not exist, or whose kind the cluster does
 // not serve, is left out of Input.Templates; any other error is returned.
-func Read(ctx context.Context, c client.Client, namespace, clusterName string) (Input, error) {
+func Read(ctx context.Context, c client.Client, namespace, clusterName string, selector labels.Selector) (Input, error) {
 	in := Input{Templates: map[TemplateKey]*unstructured.Unstructured{}}
 	opts := []client.ListOption{}
+	if selector != nil && !selector.Empty() {
+		opts = append(opts, client.MatchingLabelsSelector{Selector: selector})
+	}
 	if namespace != "" {
 		opts = append(opts, client.InNamespace(namespace))
 	}
