@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/capacity"
@@ -294,8 +295,12 @@ func nodePool(p *pool) *unstructured.Unstructured {
 	if len(taints) > 0 {
 		tmplSpec["taints"] = taints
 	}
+	template := map[string]any{"spec": tmplSpec}
+	if labels := nodePoolLabels(p); len(labels) > 0 {
+		template["metadata"] = map[string]any{"labels": labels}
+	}
 	spec := map[string]any{
-		"template": map[string]any{"spec": tmplSpec},
+		"template": template,
 		"disruption": map[string]any{
 			// cluster-autoscaler removes empty and under-used nodes.
 			"consolidationPolicy": "WhenEmptyOrUnderutilized",
@@ -312,6 +317,21 @@ func nodePool(p *pool) *unstructured.Unstructured {
 		"metadata":   p.meta(),
 		"spec":       spec,
 	}}
+}
+
+// nodePoolLabels are the labels the pool's node groups share that Karpenter
+// does not know from the instance types (its well-known labels) and lets a
+// NodePool set: pods that select them can only be planned onto a NodePool
+// that declares them.
+func nodePoolLabels(p *pool) map[string]any {
+	out := map[string]any{}
+	for k, v := range p.groups[0].labels {
+		if karpv1.WellKnownLabels.Has(k) || karpv1.IsRestrictedLabel(k) != nil {
+			continue
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // limits are the node groups' max-sizes summed: in nodes, and in cpu and
@@ -439,6 +459,18 @@ func poolFindings(p *pool, s Settings) []Finding {
 	if s.uses("priority") && p.weight > 0 {
 		pr, _ := s.priorityOf(p.groups[0])
 		out = append(out, Finding{Object: "NodePool " + p.name, Field: "spec.weight", Kind: Mapped, Message: fmt.Sprintf("priority %d -> weight %d", pr, p.weight)})
+	}
+	for k, v := range p.groups[0].labels {
+		if karpv1.WellKnownLabels.Has(k) {
+			continue
+		}
+		if err := karpv1.IsRestrictedLabel(k); err != nil {
+			out = append(out, Finding{Object: "NodePool " + p.name, Field: k, Kind: NotCarried,
+				Message: fmt.Sprintf("label %s=%s: a NodePool cannot set it (%v): pods selecting it are not planned onto these nodes", k, v, err)})
+			continue
+		}
+		out = append(out, Finding{Object: "NodePool " + p.name, Field: k, Kind: Mapped,
+			Message: fmt.Sprintf("label %s=%s -> spec.template.metadata.labels (Karpenter plans pods that select it onto this NodePool)", k, v)})
 	}
 	if len(p.groups[0].taints) > 0 || len(p.groups[0].labels) > 0 {
 		out = append(out, Finding{Object: "NodePool " + p.name, Kind: Mapped, Message: "its node groups share taints and labels; node groups that differ in them get NodePools of their own"})

@@ -195,6 +195,12 @@ func TestConvert(t *testing.T) {
 			if got := str(t, np, "spec", "limits", "cpu"); got != "22" {
 				t.Errorf("merged limits.cpu %q, want 3x2+4x4", got)
 			}
+			if got := str(t, np, "spec", "template", "metadata", "labels", "team"); got != "x" {
+				t.Errorf("shared label team=x not declared on the NodePool: %q", got)
+			}
+			if got := str(t, np, "spec", "template", "metadata", "labels", "node.kubernetes.io/instance-type"); got != "" {
+				t.Errorf("a label that varies between node groups declared on the NodePool: %q", got)
+			}
 			if got := np.GetAnnotations()[ConvertedFromAnnotation]; got != "MachineDeployment team/c1-c5-b, MachineDeployment team/c1-m5-a" {
 				t.Errorf("converted-from %q", got)
 			}

@@ -237,14 +237,15 @@ func TestOneRemediationAtATime(t *testing.T) {
 		return c.RunningPods == 2 && c.Initialized == 2 && c.BoundMachines == 2 && c.Machines == 2
 	})
 
-	// Karpenter's Machines are left to node repair.
+	// Karpenter's Machines are left to node repair (and Cluster API has
+	// linked them to their Nodes).
 	machines := &clusterv1.MachineList{}
 	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
 		if err := w.Hub.Client.List(ctx, machines, client.InNamespace(w.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
 			return false, err
 		}
 		for _, m := range machines.Items {
-			if _, ok := m.Annotations[clusterv1.MachineSkipRemediationAnnotation]; !ok || m.Annotations[remediation.SetByProviderAnnotation] == "" {
+			if _, ok := m.Annotations[clusterv1.MachineSkipRemediationAnnotation]; !ok || m.Annotations[remediation.SetByProviderAnnotation] == "" || m.Status.NodeRef.Name == "" {
 				return false, nil
 			}
 		}
