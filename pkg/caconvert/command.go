@@ -67,13 +67,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", Command, fs.Arg(0))
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: unexpected argument %q\n", Command, fs.Arg(0))
 		return 2
 	}
 	settings := Settings{}
 	var err error
 	if settings.Expanders, err = ParseExpanders(*expander); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", Command, err)
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: %v\n", Command, err)
 		return 2
 	}
 	if *priorityConfig != "" {
@@ -82,7 +82,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			settings.Priorities, err = ParsePriorities(data)
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: --priority-config %s: %v\n", Command, *priorityConfig, err)
+			fmt.Fprintf(stderr, "karpenter-clusterapi %s: --priority-config %s: %v\n", Command, *priorityConfig, err)
 			return 2
 		}
 	}
@@ -92,35 +92,35 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	hub, err := newClient(hubPath)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: --cluster-api-kubeconfig: %v\n", Command, err)
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: --cluster-api-kubeconfig: %v\n", Command, err)
 		return 1
 	}
 	sel, err := labels.Parse(*selector)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: --selector: %v\n", Command, err)
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: --selector: %v\n", Command, err)
 		return 2
 	}
 	in, err := Read(ctx, hub, *namespace, *clusterName, sel)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: reading the management cluster: %v\n", Command, err)
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: reading the management cluster: %v\n", Command, err)
 		return 1
 	}
 	res := Convert(in, settings)
 	if !*apply {
 		if err := Render(stdout, res); err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", Command, err)
+			fmt.Fprintf(stderr, "karpenter-clusterapi %s: %v\n", Command, err)
 			return 1
 		}
 		return 0
 	}
 	if len(res.Clusters) > 1 {
-		fmt.Fprintf(stderr, "%s: --apply: node groups of several Clusters (%s): each Cluster's NodePools go to its own workload cluster; run once per Cluster with --cluster-name\n",
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: --apply: node groups of several Clusters (%s): each Cluster's NodePools go to its own workload cluster; run once per Cluster with --cluster-name\n",
 			Command, strings.Join(res.Clusters, ", "))
 		return 2
 	}
 	workload, err := newClient(*kubeconfig)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: --kubeconfig: %v\n", Command, err)
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: --kubeconfig: %v\n", Command, err)
 		return 1
 	}
 	fmt.Fprint(stdout, Report(res.Findings))
@@ -129,7 +129,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, o)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: --apply: %v\n", Command, err)
+		fmt.Fprintf(stderr, "karpenter-clusterapi %s: --apply: %v\n", Command, err)
 		return 1
 	}
 	return 0

@@ -133,7 +133,7 @@ func TestConvert(t *testing.T) {
 		in: Input{MachineDeployments: []clusterv1.MachineDeployment{md("c1", "c1-gpu", 0, func() map[string]string {
 			a := sized("0", "5", "16", "128G",
 				capacity.EphemeralDiskKey, "100Gi", capacity.MaxPodsKey, "200", capacity.GPUTypeKey, "nvidia.com/gpu", capacity.GPUCountKey, "2",
-				capacity.LabelsKey, "node.kubernetes.io/instance-type=p3.8xlarge,accelerator=v100", capacity.TaintsKey, "nvidia.com/gpu=present:NoSchedule",
+				capacity.LabelsKey, "node.kubernetes.io/instance-type=p3.8xlarge,accelerator=v100,karpenter.sh/team=gpu", capacity.TaintsKey, "nvidia.com/gpu=present:NoSchedule",
 				DRADriverKey, "gpu.nvidia.com")
 			for k, v := range allOptions {
 				a[k] = v
@@ -172,6 +172,12 @@ func TestConvert(t *testing.T) {
 				if f := finding(t, res, obj, k); f.Kind != NotCarried || len(f.Message) < 20 {
 					t.Errorf("%s: %s, want not-carried with a reason", k, f)
 				}
+			}
+			if got := str(t, np, "spec", "template", "metadata", "labels", "accelerator"); got != "v100" {
+				t.Errorf("label accelerator on the NodePool: %q", got)
+			}
+			if f := finding(t, res, "NodePool c1-gpu", "karpenter.sh/team"); f.Kind != NotCarried {
+				t.Errorf("a label a NodePool may not set: %s", f)
 			}
 			hub := find(res.Hub, KindMachineDeployment, "c1-gpu")
 			if _, ok := hub.GetLabels()[v1alpha1.KarpenterMemberLabel]; !ok || hub.GetLabels()[NodeClassLabel] != "c1-gpu" || hub.GetNamespace() != ns {
