@@ -16,7 +16,8 @@
 //     MachineDeployment's spec.replicas is owned by a manager that scales
 //     as autoscalers do: through the scale subresource (cluster-autoscaler,
 //     kubectl scale, a HorizontalPodAutoscaler) or named cluster-autoscaler.
-//     The message names each MachineDeployment, manager and time. It does
+//     The message names each MachineDeployment and manager (and the time
+//     when the API server records one: not for scale writes). It does
 //     not affect readiness; it clears when the provider next writes
 //     spec.replicas itself;
 //   - a Warning event ReplicasChangedByAnotherWriter on the MachineDeployment

@@ -92,6 +92,7 @@ func TestReplicaWritersFromManagedFields(t *testing.T) {
 		t.Fatalf("after cluster-autoscaler's scale: owns=%v writers=%+v", ProviderOwnsReplicas(cur), ws)
 	}
 
+	t.Logf("after cluster-autoscaler: %s", ws[0])
 	// The provider's next write takes the field back.
 	setReplicas(t, provider, md, 4)
 	if cur := get(t, md); !ProviderOwnsReplicas(cur) || len(ReplicaWriters(cur)) != 0 {
