@@ -421,6 +421,11 @@ func poolFindings(p *pool, s Settings) []Finding {
 			out = append(out, Finding{Object: obj, Field: MinSizeAnnotation, Kind: NotCarried,
 				Message: fmt.Sprintf("%d: Karpenter keeps no minimum per node group (nodes come for pending pods); for a floor use a static NodePool (spec.replicas)", g.min)})
 		}
+		if g.topologyWorker != "" {
+			out = append(out, Finding{Object: obj, Field: "metadata.labels", Kind: Todo,
+				Message: fmt.Sprintf("owned by the topology of Cluster %s/%s (worker %s): put the labels %s and %s=%s in spec.topology.workers.machineDeployments[name=%s].metadata.labels too, "+
+					"so a topology change keeps them, and leave that worker's replicas unset", g.namespace, g.cluster, g.topologyWorker, v1alpha1.KarpenterMemberLabel, NodeClassLabel, p.name, g.topologyWorker)})
+		}
 		if g.replicas > 0 {
 			out = append(out, Finding{Object: obj, Field: "spec.replicas", Kind: Todo,
 				Message: fmt.Sprintf("its %d running replicas were started by cluster-autoscaler: Karpenter neither counts nor removes them; once Karpenter's nodes run, annotate those Machines cluster.x-k8s.io/delete-machine and lower spec.replicas by as many", g.replicas)})

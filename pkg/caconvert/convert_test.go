@@ -35,6 +35,11 @@ func md(cluster, name string, replicas int32, ann map[string]string) clusterv1.M
 	}
 }
 
+func withLabels(m clusterv1.MachineDeployment, labels map[string]string) clusterv1.MachineDeployment {
+	m.Labels = labels
+	return m
+}
+
 func ms(cluster, name string, ann map[string]string, owner string) clusterv1.MachineSet {
 	m := clusterv1.MachineSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann},
@@ -189,7 +194,8 @@ func TestConvert(t *testing.T) {
 		in: Input{MachineDeployments: []clusterv1.MachineDeployment{
 			md("c1", "c1-m5-a", 0, sized("1", "3", "2", "8Gi", capacity.LabelsKey, "node.kubernetes.io/instance-type=m5.large,topology.kubernetes.io/zone=a,team=x")),
 			md("c1", "c1-c5-b", 2, sized("0", "4", "4", "8Gi", capacity.LabelsKey, "node.kubernetes.io/instance-type=c5.xlarge,topology.kubernetes.io/zone=b,team=x")),
-			md("c1", "c1-tainted", 0, sized("0", "2", "2", "8Gi", capacity.TaintsKey, "dedicated=db:NoSchedule")),
+			withLabels(md("c1", "c1-tainted", 0, sized("0", "2", "2", "8Gi", capacity.TaintsKey, "dedicated=db:NoSchedule")),
+				map[string]string{clusterv1.ClusterTopologyOwnedLabel: "", clusterv1.ClusterTopologyMachineDeploymentNameLabel: "db"}),
 			md("c1", "c1-not-a-group", 3, nil),
 		}},
 		nodePools: 2,
@@ -218,6 +224,9 @@ func TestConvert(t *testing.T) {
 			}
 			if find(res.Hub, KindMachineDeployment, "c1-not-a-group") != nil {
 				t.Error("a MachineDeployment without size annotations was converted")
+			}
+			if f := finding(t, res, "MachineDeployment team/c1-tainted", "metadata.labels"); f.Kind != Todo || !strings.Contains(f.Message, "workers.machineDeployments[name=db]") {
+				t.Errorf("topology-owned: %s", f)
 			}
 			if got := str(t, find(res.Workload, "NodePool", "c1-tainted"), "spec", "template", "spec", "taints"); !strings.Contains(got, "dedicated") {
 				t.Errorf("tainted pool taints %s", got)

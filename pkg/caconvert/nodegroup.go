@@ -103,6 +103,8 @@ type nodeGroup struct {
 	version     string
 	// options are the autoscaling-options annotations, by option name.
 	options map[string]string
+	// topologyWorker is the Cluster topology worker that owns it, if any.
+	topologyWorker string
 }
 
 // id is the node group's id as cluster-autoscaler's Cluster API provider
@@ -124,6 +126,9 @@ var labelsThatVary = map[string]bool{
 // findings when the object is no node group or cannot be converted.
 func readNodeGroup(kind string, meta metav1.ObjectMeta, cluster string, replicas *int32, tmpl clusterv1.MachineTemplateSpec, templates map[TemplateKey]*unstructured.Unstructured) (*nodeGroup, []Finding) {
 	g := &nodeGroup{kind: kind, namespace: meta.Namespace, name: meta.Name, cluster: cluster, annotations: meta.Annotations}
+	if _, owned := meta.Labels[clusterv1.ClusterTopologyOwnedLabel]; owned {
+		g.topologyWorker = meta.Labels[clusterv1.ClusterTopologyMachineDeploymentNameLabel]
+	}
 	if replicas != nil {
 		g.replicas = *replicas
 	}
