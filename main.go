@@ -9,11 +9,16 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
 
+	"github.com/autonode/karpenter-clusterapi/pkg/caconvert"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
 )
 
 func main() {
+	// Subcommands first: core's flag parsing below would refuse their flags.
+	if len(os.Args) > 1 && os.Args[1] == caconvert.Command {
+		os.Exit(caconvert.Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
+	}
 	opts, err := options.Preflight(os.Args[1:])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "karpenter-clusterapi: %v\n", err)

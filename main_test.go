@@ -97,3 +97,41 @@ func TestBadConfigurationExitsWithOneLineNamingTheFlag(t *testing.T) {
 		})
 	}
 }
+
+// The converter subcommand is dispatched before core's flag parsing (which
+// would refuse its flags) and fails on bad input with one line naming the
+// flag.
+func TestConvertSubcommandBadInput(t *testing.T) {
+	dir := t.TempDir()
+	unreachable := filepath.Join(dir, "unreachable.kubeconfig")
+	if err := os.WriteFile(unreachable, []byte(unreachableKubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown expander", []string{"--expander=cheapest"}, 2, "--expander: \"cheapest\" is not an expander"},
+		{"missing priority config", []string{"--priority-config=" + filepath.Join(dir, "missing.yaml")}, 2, "--priority-config"},
+		{"bad selector", []string{"--selector=a in (", "--cluster-api-kubeconfig=" + unreachable}, 2, "--selector"},
+		{"unreachable management cluster", []string{"--cluster-api-kubeconfig=" + unreachable}, 1, "reading the management cluster"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], append([]string{"convert-cluster-autoscaler"}, tc.args...)...)
+			cmd.Env = append(os.Environ(), runMainEnv+"=1")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			exit, ok := err.(*exec.ExitError)
+			if !ok || exit.ExitCode() != tc.code {
+				t.Fatalf("want exit code %d, got %v; stderr: %s", tc.code, err, stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "karpenter-clusterapi convert-cluster-autoscaler: ") || !strings.Contains(lines[0], tc.want) {
+				t.Fatalf("want one line containing %q, got:\n%s", tc.want, stderr.String())
+			}
+		})
+	}
+}

@@ -6,8 +6,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/allocatable"
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/coexistence"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/machinegone"
 	nodeclassstatus "github.com/autonode/karpenter-clusterapi/pkg/controllers/nodeclass/status"
+	"github.com/autonode/karpenter-clusterapi/pkg/controllers/remediation"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/zone"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
@@ -17,9 +19,10 @@ import (
 )
 
 // NewControllers returns the provider's controllers. kubeClient and
-// kubeAPIReader are the workload cluster's cached client and live reader.
+// kubeAPIReader are the workload cluster's cached client and live reader;
+// nodeRepair is whether Karpenter's NodeRepair feature gate is on.
 func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hub.Hub, store *instancetype.Store,
-	md *machinedeployment.Provider, mm *machine.Provider, machines *hub.Lookup, zones *instancetype.Zones) []controller.Controller {
+	md *machinedeployment.Provider, mm *machine.Provider, machines *hub.Lookup, zones *instancetype.Zones, nodeRepair bool) []controller.Controller {
 	return []controller.Controller{
 		nodeclassstatus.NewController(kubeClient, h, nodeclass.NewResolver(h, store, mm.Catalogue()), store.Subscribe()),
 		machinedeployment.NewController(md, kubeClient, kubeAPIReader),
@@ -27,5 +30,7 @@ func NewControllers(kubeClient client.Client, kubeAPIReader client.Reader, h *hu
 		allocatable.NewController(kubeClient),
 		zone.NewController(kubeClient, zones),
 		machinegone.NewController(kubeClient, h, machines),
+		coexistence.NewController(kubeClient, h),
+		remediation.NewController(h, nodeRepair),
 	}
 }

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/fields"
@@ -15,6 +16,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 )
+
+// FieldManager is the field manager of every write the provider makes to
+// the management cluster (its user agent's product name, from which the API
+// server names the manager of updates and patches). The coexistence report
+// (pkg/controllers/coexistence) tells the provider's own replica changes
+// from other writers' by it, so it must not change.
+const FieldManager = "karpenter-clusterapi"
 
 // Hub is the management cluster: a cache scoped to the configured
 // namespace and Cluster, and a client that writes to it.
@@ -36,6 +44,8 @@ type Hub struct {
 // it (see Reachability) rather than back off: they resume within a second of
 // its return.
 func New(cfg *rest.Config, scheme *runtime.Scheme, scope Scope) (*Hub, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = userAgent(cfg.UserAgent)
 	reachability, err := NewReachability(cfg, log.Log.WithName("hub"))
 	if err != nil {
 		return nil, fmt.Errorf("building management cluster client: %w", err)
@@ -80,4 +90,14 @@ func CheckReachable(ctx context.Context, cfg *rest.Config, timeout time.Duration
 		return err
 	}
 	return nil
+}
+
+// userAgent names the product FieldManager, keeping the version of the
+// user agent it replaces ("karpenter/v1.15.0" becomes
+// "karpenter-clusterapi/v1.15.0").
+func userAgent(old string) string {
+	if _, rest, ok := strings.Cut(old, "/"); ok {
+		return FieldManager + "/" + rest
+	}
+	return FieldManager
 }

@@ -186,7 +186,11 @@ func (o *Operator) Run(ctx context.Context) {
 			}
 		}
 	}
-	own := controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones)
+	nodeRepair := false
+	if coreopts := coreoptions.FromContext(ctx); coreopts != nil {
+		nodeRepair = coreopts.FeatureGates.NodeRepair
+	}
+	own := controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones, nodeRepair)
 	if opts := options.FromContext(ctx); opts != nil && opts.ApproveKubeletCSRs {
 		log.FromContext(ctx).Info("approving the kubelet certificate requests of this provider's nodes")
 		own = append(own, csrapproval.NewController(o.GetClient(), o.Hub, machines))

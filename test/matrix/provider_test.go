@@ -65,7 +65,7 @@ func startProvider(ctx context.Context, hubConfig, spokeConfig *rest.Config, nam
 		return nil, err
 	}
 	cp := cloudprovider.New(mgr.GetClient(), managed, machines, md.Mode(), mm.Mode())
-	for _, c := range controllers.NewControllers(mgr.GetClient(), mgr.GetAPIReader(), h, store, md, mm, machines, zones) {
+	for _, c := range controllers.NewControllers(mgr.GetClient(), mgr.GetAPIReader(), h, store, md, mm, machines, zones, false) {
 		if err := c.Register(ctx, mgr); err != nil {
 			return nil, fmt.Errorf("registering %T: %w", c, err)
 		}

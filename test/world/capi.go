@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/cluster-api/core/reconcilers/cluster"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machine"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment"
+	"sigs.k8s.io/cluster-api/core/reconcilers/machinehealthcheck"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machineset"
 	"sigs.k8s.io/cluster-api/core/setup"
 	coreadmission "sigs.k8s.io/cluster-api/core/webhooks/admission"
@@ -228,6 +229,14 @@ func (h *hubManager) setup(ctx context.Context) error {
 		APIReader: mgr.GetAPIReader(),
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: capiMDConcurrency}); err != nil {
 		return fmt.Errorf("machinedeployment controller: %w", err)
+	}
+	// MachineHealthChecks remediate as in a management cluster; it acts only
+	// on the MachineHealthChecks a test creates.
+	if err := (&machinehealthcheck.Reconciler{
+		Client:       mgr.GetClient(),
+		ClusterCache: h.clusterCache,
+	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 1}); err != nil {
+		return fmt.Errorf("machinehealthcheck controller: %w", err)
 	}
 
 	// Cluster API's admission webhooks, as core/main.go registers them.

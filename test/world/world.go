@@ -2,8 +2,8 @@
 // only AWS and the kubelet simulated:
 //
 //   - a hub (management cluster) API server running Cluster API's real core
-//     controllers (cluster, machinedeployment, machineset, machine, with a
-//     ClusterCache reaching the spoke) and real admission webhooks (Cluster,
+//     controllers (cluster, machinedeployment, machineset, machine,
+//     machinehealthcheck, with a ClusterCache reaching the spoke) and real admission webhooks (Cluster,
 //     Machine, MachineSet, MachineDeployment, MachineHealthCheck,
 //     MachineDrainRule), wired as Cluster API's core/main.go wires them;
 //   - a spoke (workload cluster) API server with the real kube-scheduler and

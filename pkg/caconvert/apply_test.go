@@ -1,0 +1,117 @@
+package caconvert
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/capacity"
+	"github.com/autonode/karpenter-clusterapi/test/environment"
+)
+
+// TestApplyIsIdempotent reads a Cluster set up for cluster-autoscaler from a
+// real management cluster, applies the conversion to it and to a real
+// workload cluster (whose CRDs validate the NodeClasses and NodePools), and
+// applies it again: the second run changes nothing.
+func TestApplyIsIdempotent(t *testing.T) {
+	hubEnv, err := environment.StartHub()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hubEnv.Stop() }()
+	spokeEnv, err := environment.StartSpoke()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = spokeEnv.Stop() }()
+	ctx := context.Background()
+	if err := hubEnv.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []struct {
+		name string
+		ann  map[string]string
+	}{
+		{"c1-m5", sized("0", "4", "2", "8Gi", capacity.LabelsKey, "node.kubernetes.io/instance-type=m5.large")},
+		{"c1-c5", sized("1", "2", "4", "8Gi", capacity.LabelsKey, "node.kubernetes.io/instance-type=c5.xlarge")},
+		{"c1-broken", sized("0", "many", "2", "8Gi")},
+		{"c1-plain", nil},
+	} {
+		md := environment.NewMachineDeployment(environment.MachineDeploymentOptions{Namespace: ns, Name: o.name, ClusterName: "c1", Annotations: o.ann})
+		if err := hubEnv.Client.Create(ctx, md); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmpl := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "AWSMachineTemplate",
+		"metadata": map[string]any{"name": "c1-m5", "namespace": ns},
+		"spec":     map[string]any{"template": map[string]any{"spec": map[string]any{"instanceType": "m5.large"}}},
+	}}
+	if err := hubEnv.Client.Create(ctx, tmpl); err != nil {
+		t.Fatal(err)
+	}
+
+	in, err := Read(ctx, hubEnv.Client, ns, "c1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.MachineDeployments) != 4 || len(in.Templates) != 1 {
+		t.Fatalf("read %d MachineDeployments and %d templates, want 4 and 1", len(in.MachineDeployments), len(in.Templates))
+	}
+	res := Convert(in, Settings{})
+	if f := finding(t, res, "MachineDeployment team/c1-broken", MaxSizeAnnotation); f.Kind != Skipped {
+		t.Errorf("malformed max-size: %s", f)
+	}
+	first, err := Apply(ctx, hubEnv.Client, spokeEnv.Client, res)
+	if err != nil {
+		t.Fatalf("first apply: %v", err)
+	}
+	for _, o := range first {
+		if o.Result == "unchanged" {
+			t.Errorf("first apply: %s", o)
+		}
+	}
+	if len(first) != 4 { // 2 MachineDeployments, 1 NodeClass, 1 NodePool
+		t.Errorf("first apply: %v", first)
+	}
+	again, err := Apply(ctx, hubEnv.Client, spokeEnv.Client, Convert(in, Settings{}))
+	if err != nil {
+		t.Fatalf("second apply: %v", err)
+	}
+	for _, o := range again {
+		if o.Result != "unchanged" {
+			t.Errorf("second apply changed something: %s", o)
+		}
+	}
+
+	md := &clusterv1.MachineDeployment{}
+	if err := hubEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-m5"}, md); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := md.Labels[v1alpha1.KarpenterMemberLabel]; !ok || md.Labels[NodeClassLabel] != "c1-c5" || md.Annotations[capacity.CPUKey] != "2" {
+		t.Errorf("converted MachineDeployment: labels %v annotations %v", md.Labels, md.Annotations)
+	}
+	np := &karpv1.NodePool{}
+	if err := spokeEnv.Client.Get(ctx, client.ObjectKey{Name: "c1-c5"}, np); err != nil {
+		t.Fatal(err)
+	}
+	nodes := np.Spec.Limits[corev1.ResourceName("nodes")]
+	if nodes.String() != "6" || np.Spec.Template.Spec.NodeClassRef.Name != "c1-c5" {
+		t.Errorf("NodePool: limits %v nodeClassRef %v", np.Spec.Limits, np.Spec.Template.Spec.NodeClassRef)
+	}
+	nc := &v1alpha1.ClusterAPINodeClass{}
+	if err := spokeEnv.Client.Get(ctx, client.ObjectKey{Name: "c1-c5"}, nc); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(nc.Annotations[ConvertedFromAnnotation], "c1-m5") {
+		t.Errorf("NodeClass converted-from %q", nc.Annotations[ConvertedFromAnnotation])
+	}
+}

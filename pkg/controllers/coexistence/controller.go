@@ -1,0 +1,187 @@
+package coexistence
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	controllerruntime "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+)
+
+// ConditionTypeSoleScaler is the NodeClass condition of this package.
+const ConditionTypeSoleScaler = "SoleScaler"
+
+// Reasons of the condition and the event.
+const (
+	ReasonSoleScaler                     = "SoleScaler"
+	ReasonScaledByAnotherAutoscaler      = "ScaledByAnotherAutoscaler"
+	ReasonReplicasChangedByAnotherWriter = "ReplicasChangedByAnotherWriter"
+)
+
+// Controller keeps the SoleScaler condition and records the events.
+type Controller struct {
+	kubeClient client.Client
+	hub        *hub.Hub
+	hubEvents  record.EventRecorder
+}
+
+// NewController returns the controller; kubeClient is the workload
+// cluster's.
+func NewController(kubeClient client.Client, h *hub.Hub) *Controller {
+	return &Controller{kubeClient: kubeClient, hub: h}
+}
+
+// Name of the controller.
+func (c *Controller) Name() string { return "nodeclass.coexistence" }
+
+// Register watches NodeClasses and the hub's MachineDeployments: any change
+// to a MachineDeployment re-checks every NodeClass (there are few).
+func (c *Controller) Register(_ context.Context, m manager.Manager) error {
+	c.hubEvents = c.hub.GetEventRecorderFor(hub.FieldManager) //nolint:staticcheck // the recorder core uses too
+	all := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		list := &v1alpha1.ClusterAPINodeClassList{}
+		if err := c.kubeClient.List(ctx, list); err != nil {
+			return
+		}
+		for i := range list.Items {
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}})
+		}
+	}
+	return controllerruntime.NewControllerManagedBy(m).
+		Named(c.Name()).
+		For(&v1alpha1.ClusterAPINodeClass{}).
+		WatchesRawSource(source.Kind(c.hub.GetCache(), client.Object(&clusterv1.MachineDeployment{}), handler.Funcs{
+			CreateFunc: func(ctx context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				all(ctx, q)
+			},
+			DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				all(ctx, q)
+			},
+			UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				c.recordChange(e.ObjectOld, e.ObjectNew)
+				all(ctx, q)
+			},
+		})).
+		Complete(c)
+}
+
+// recordChange records the event when someone other than the provider
+// changed spec.replicas of a MachineDeployment it scales or that carries
+// the autoscaler size annotations.
+func (c *Controller) recordChange(oldObj, newObj client.Object) {
+	oldMD, ok1 := oldObj.(*clusterv1.MachineDeployment)
+	newMD, ok2 := newObj.(*clusterv1.MachineDeployment)
+	if !ok1 || !ok2 || oldMD.Spec.Replicas == nil || newMD.Spec.Replicas == nil || *oldMD.Spec.Replicas == *newMD.Spec.Replicas {
+		return
+	}
+	if !Watched(newMD) || ProviderOwnsReplicas(newMD) || c.hubEvents == nil {
+		return
+	}
+	c.hubEvents.Event(newMD, corev1.EventTypeWarning, ReasonReplicasChangedByAnotherWriter,
+		changeMessage(*oldMD.Spec.Replicas, *newMD.Spec.Replicas, ReplicaWriters(newMD)))
+}
+
+// Watched: a member MachineDeployment, or one cluster-autoscaler would
+// scale (both size annotations).
+func Watched(md *clusterv1.MachineDeployment) bool {
+	if _, member := md.Labels[v1alpha1.KarpenterMemberLabel]; member {
+		return true
+	}
+	_, hasMin := md.Annotations[clusterv1.AutoscalerMinSizeAnnotation]
+	_, hasMax := md.Annotations[clusterv1.AutoscalerMaxSizeAnnotation]
+	return hasMin && hasMax
+}
+
+// Reconcile sets the SoleScaler condition of one NodeClass.
+func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	nc := &v1alpha1.ClusterAPINodeClass{}
+	if err := c.kubeClient.Get(ctx, req.NamespacedName, nc); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !nc.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	stored := nc.DeepCopy()
+	if nc.Spec.ScalableResourceSelector == nil {
+		_ = nc.StatusConditions().Clear(ConditionTypeSoleScaler)
+	} else {
+		scaled, err := c.scaledByOthers(ctx, nc.Spec.ScalableResourceSelector)
+		if err != nil {
+			return reconcile.Result{}, err // a hub read failed: leave the condition as it is
+		}
+		if len(scaled) == 0 {
+			nc.StatusConditions().SetTrueWithReason(ConditionTypeSoleScaler, ReasonSoleScaler, "")
+		} else {
+			nc.StatusConditions().SetFalse(ConditionTypeSoleScaler, ReasonScaledByAnotherAutoscaler, truncate(strings.Join(scaled, "; ")+
+				": another autoscaler scales these MachineDeployments too; hand them over (remove their min-size annotation for cluster-autoscaler, "+
+				"or narrow its --node-group-auto-discovery) or keep the two on different node groups"))
+		}
+	}
+	if equality.Semantic.DeepEqual(stored.Status, nc.Status) {
+		return reconcile.Result{}, nil
+	}
+	if err := c.kubeClient.Status().Patch(ctx, nc, client.MergeFromWithOptions(stored, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return reconcile.Result{Requeue: true}, nil
+		}
+		return reconcile.Result{}, fmt.Errorf("patching status of ClusterAPINodeClass %s: %w", nc.Name, err)
+	}
+	return reconcile.Result{}, nil
+}
+
+// scaledByOthers describes each selected member MachineDeployment whose
+// replicas an autoscaler other than the provider owns.
+func (c *Controller) scaledByOthers(ctx context.Context, selector *metav1.LabelSelector) ([]string, error) {
+	sel, err := metav1.LabelSelectorAsSelector(selector)
+	if err != nil {
+		return nil, nil // the InstanceTypesResolved condition says so
+	}
+	mds := &clusterv1.MachineDeploymentList{}
+	if err := c.hub.GetCache().List(ctx, mds, c.hub.Scope.ListOptions(hub.HasLabel(sel, v1alpha1.KarpenterMemberLabel))...); err != nil {
+		return nil, fmt.Errorf("listing MachineDeployments: %w", err)
+	}
+	var out []string
+	for i := range mds.Items {
+		md := &mds.Items[i]
+		if !c.hub.Scope.Contains(md, md.Spec.ClusterName) {
+			continue
+		}
+		var autoscalers []Writer
+		for _, w := range ReplicaWriters(md) {
+			if w.Autoscaler() {
+				autoscalers = append(autoscalers, w)
+			}
+		}
+		if len(autoscalers) > 0 {
+			out = append(out, fmt.Sprintf("MachineDeployment %s/%s: spec.replicas written by %s", md.Namespace, md.Name, describe(autoscalers)))
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func truncate(s string) string {
+	const max = 2048
+	if len(s) > max {
+		return s[:max-3] + "..."
+	}
+	return s
+}
