@@ -32,9 +32,10 @@ const (
 )
 
 // FieldManager is the field manager of every write MachineDeployment mode
-// makes to the hub: the API server's time on its managedFields entry is
-// the stamp of the latest raise (stampOf).
-const FieldManager = "karpenter-clusterapi"
+// makes to the hub (the provider's, hub.FieldManager): the API server's
+// time on its managedFields entry is the stamp of the latest raise
+// (stampOf).
+const FieldManager = hub.FieldManager
 
 // records are a MachineDeployment's records as read.
 type records struct {
