@@ -260,7 +260,9 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 					continue
 				}
 			}
-			if spare <= 0 && settled(cnt, r) && since("kept/"+m.Name) >= keptGrace {
+			// Its give-back is done (or void) and the MachineSet keeps it:
+			// the mark is stale, and would hold back handing spares over.
+			if settled(cnt, r) && since("kept/"+m.Name) >= keptGrace {
 				if err := p.unmark(ctx, m); err != nil {
 					return 0, err
 				}
@@ -346,9 +348,10 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			return 0, err
 		}
 		for _, in := range intents {
-			if in.kind == intentGiveBack && !in.done && in.machine != nil {
-				// Not given back (at min-size the replica passed on, or
-				// the marks did not cover it): the Machine stays unmarked.
+			if in.kind == intentGiveBack && (!in.done || in.atMin) && in.machine != nil {
+				// Not given back with it (at min-size the replica passed
+				// to whoever set the minimum, or the marks did not cover
+				// it): the Machine stays, unmarked.
 				if err := p.unmark(ctx, in.machine); err != nil {
 					return 0, err
 				}
