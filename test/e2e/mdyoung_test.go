@@ -116,9 +116,6 @@ func TestAUsersYoungMachinesAreNeverTaken(t *testing.T) {
 		t.Logf("UnownedMachines events: %v", msgs)
 	}
 
-	// Every replica change: one log line and one event, naming the NodeClaims.
-	checkReplicaChanges(t, md, provider.LogPath, logFrom, claims...)
-
 	// Karpenter's scale-down gives back its own replicas only.
 	scaleDeployment(t, d, 0)
 	got = waitCounts(t, 4*time.Minute, name, "app-young", mds, func(c counts) bool {
@@ -136,6 +133,9 @@ func TestAUsersYoungMachinesAreNeverTaken(t *testing.T) {
 	if v := ownedReplicas(t, md); v != "0" {
 		t.Errorf("owned replicas %q after the scale-down, want 0", v)
 	}
+	// Every replica change, up and down: one log line and one event,
+	// naming the NodeClaims.
+	checkReplicaChanges(t, md, provider.LogPath, logFrom, claims...)
 	// The user's own scale-down ends the scenario.
 	scaleMachineDeployment(t, md, 0)
 	waitCounts(t, 3*time.Minute, name, "app-young", mds, func(c counts) bool { return c.Machines == 0 })
