@@ -17,6 +17,7 @@ import (
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
 // Karpenter core deletes a NodeClaim whose launch outlasts its launch
@@ -103,9 +104,12 @@ func TestANodeClaimDeletedBeforeItsMachineLeavesItsReplicaToTheNext(t *testing.T
 	}
 	t.Logf("NodeClaim %s deleted before its Machine existed", first)
 
-	// Core makes the next NodeClaim for the pod; it takes the free reservation.
+	// Core makes the next NodeClaim for the pod once the first is gone; it
+	// takes the free reservation. The first goes once its Create returns:
+	// the launch waits for a providerID up to the launch wait (core's cluster
+	// state is not synced meanwhile, so no other NodeClaim comes sooner).
 	var next string
-	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+	if err := WaitFor(ctx, machinedeployment.DefaultLaunchWait+time.Minute, func(ctx context.Context) (bool, error) {
 		_, pending, err := pendingOn(ctx, key)
 		if err != nil {
 			return false, err
