@@ -47,17 +47,20 @@ func buildProviderAt(t testing.TB, commit string) string {
 	return lines[len(lines)-1]
 }
 
-// Issue 35, upgrade in place: the provider of e402286 runs a pool and is
-// killed (SIGKILL) in the middle of a burst, leaving its bookkeeping live on
-// the MachineDeployment: reservations in flight, a held replica, released
-// (marked) Machines whose replicas it already gave back. The MachineDeployment
-// is paused meanwhile (Cluster API's paused annotation: its MachineSet does
-// not act), so that all of it is still there when the new provider starts.
-// The new binary starts on that state and the MachineDeployment resumes: it
-// converges with no node lost or added and no NodeClaim stuck: NodeClaims
-// == bound Machines == Nodes == pods (one per node), replicas == owned +
-// others' (others' are 0 here), and no held-replicas or released-machines
-// annotation left.
+// Issue 35, upgrade in place: the provider of e402286 runs a pool and
+// leaves its bookkeeping live on the MachineDeployment, which is paused
+// meanwhile (Cluster API's paused annotation: its MachineSet does not act)
+// so that all of it is there at once: two released Machines (marked, their
+// replicas already given back: released-machines), a burst of three
+// reservations in flight, one of them held (its NodeClaim deleted as core's
+// launch timeout deletes it: held-replicas). The MachineDeployment resumes
+// and the old provider is killed (SIGKILL) as the first Machine of the
+// burst appears. The new binary starts on that state and converges with no
+// node lost or added and no NodeClaim stuck: NodeClaims == bound Machines
+// == Nodes == pods (one per node), replicas == owned + others' (others' are
+// 0 here), no held-replicas or released-machines annotation left, and no
+// more Machines made than the reservations need (plus one for the held
+// replica, which is given back).
 func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	if os.Getenv(upgradeEnv) == "" {
 		t.Skipf("set %s=1 to run the upgrade from %s (make test-upgrade): it builds the old provider", upgradeEnv, upgradeFrom)
@@ -99,7 +102,12 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	})
 	t.Logf("old provider: 3 pods on 3 nodes: %s", got)
 	setPaused(t, key, true)
-	t.Cleanup(func() { setPaused(t, key, false) })
+	paused := true
+	t.Cleanup(func() {
+		if paused {
+			setPaused(t, key, false)
+		}
+	})
 
 	// 2. Two nodes emptied: core deletes their NodeClaims, the old provider
 	// marks their Machines and gives back their replicas (released-machines).
@@ -111,16 +119,13 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		t.Fatalf("the old provider released no 2 Machines: %v", err)
 	}
 
-	// 3. Two more pods: their replicas are raised, and no Machine comes
-	// (paused). One of the reservations ages past OrphanGrace, its pod
-	// goes and its NodeClaim is deleted as core's launch timeout does: the
-	// old provider holds its replica.
-	scaleDeployment(t, d, 3)
+	// 3. A burst of three: their replicas are raised, no Machine comes yet.
+	scaleDeployment(t, d, 4)
 	var reserved map[string]time.Time
 	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		_, pending, err := pendingOn(ctx, key)
 		reserved = pending
-		if err != nil || len(pending) < 2 {
+		if err != nil || len(pending) < 3 {
 			return false, err
 		}
 		for _, at := range pending {
@@ -130,9 +135,13 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		}
 		return true, nil
 	}); err != nil {
-		t.Fatalf("no 2 reservations older than %s on %s: %v (%v)", machinedeployment.OrphanGrace, key, err, reserved)
+		t.Fatalf("no 3 reservations older than %s on %s: %v (%v)", machinedeployment.OrphanGrace, key, err, reserved)
 	}
-	scaleDeployment(t, d, 2)
+
+	// 4. One of them goes as core's launch timeout makes it go, with its
+	// pod: the old provider holds its replica once the NodeClaim is gone
+	// (its Create returns within the launch wait).
+	scaleDeployment(t, d, 3)
 	var gone string
 	for claim := range reserved {
 		gone = claim
@@ -141,24 +150,24 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	if err := w.Spoke.Client.Delete(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: gone}}); client.IgnoreNotFound(err) != nil {
 		t.Fatalf("deleting NodeClaim %s: %v", gone, err)
 	}
-	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+	if err := WaitFor(ctx, machinedeployment.DefaultLaunchWait+time.Minute, func(ctx context.Context) (bool, error) {
 		ann, err := annotationsOf(ctx, key)
 		return err == nil && strings.Contains(ann[machinedeployment.HeldReplicasAnnotation], gone), err
 	}); err != nil {
 		t.Fatalf("the old provider held no replica for NodeClaim %s: %v", gone, err)
 	}
 
-	// 4. A burst, and the old provider killed as its first raise lands.
-	before, err := annotationsOf(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	scaleDeployment(t, d, 5)
-	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
-		ann, err := annotationsOf(ctx, key)
-		return err == nil && ann[hub.PendingNodeClaimsAnnotation] != before[hub.PendingNodeClaimsAnnotation], err
-	}); err != nil {
-		t.Fatalf("the burst raised nothing: %v", err)
+	// 5. The MachineDeployment resumes: the MachineSet removes the released
+	// Machines and makes Machines for the burst; the old provider is killed
+	// as the first of them appears.
+	hubCache, _ := worldCaches(t)
+	machinesMade := countMachinesMade(ctx, t, hubCache, md.Name)
+	go func() { _ = hubCache.Start(ctx) }()
+	hubCache.WaitForCacheSync(ctx)
+	setPaused(t, key, false)
+	paused = false
+	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) { return machinesMade() > 0, nil }); err != nil {
+		t.Fatalf("no Machine made for the burst: %v", err)
 	}
 	old.Kill()
 	left, err := annotationsOf(ctx, key)
@@ -173,17 +182,20 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	marked := 0
+	marked, bound := 0, 0
 	for _, m := range machines {
 		if m.Annotations[clusterv1.DeleteMachineAnnotation] != "" {
 			marked++
 		}
+		if m.Annotations[v1alpha1.NodeClaimAnnotation] != "" {
+			bound++
+		}
 	}
-	t.Logf("left by the old provider: replicas %s, owned %s, %d reservations %s, held %s, released %s; %d Machines, %d marked",
+	t.Logf("left by the old provider: replicas %s, owned %s, %d reservations %s, held %s, released %s; %d Machines, %d bound, %d marked",
 		replicasOf(t, key), left[machinedeployment.OwnedReplicasAnnotation], len(pending), left[hub.PendingNodeClaimsAnnotation],
-		left[machinedeployment.HeldReplicasAnnotation], left[hub.ReleasedMachinesAnnotation], len(machines), marked)
-	if len(pending) == 0 || left[machinedeployment.HeldReplicasAnnotation] == "" || len(jsonList(left[hub.ReleasedMachinesAnnotation])) == 0 || marked == 0 {
-		t.Fatalf("the old provider did not leave reservations, a held replica and released marked Machines behind")
+		left[machinedeployment.HeldReplicasAnnotation], left[hub.ReleasedMachinesAnnotation], len(machines), bound, marked)
+	if len(pending) == 0 || left[machinedeployment.HeldReplicasAnnotation] == "" || len(jsonList(left[hub.ReleasedMachinesAnnotation])) == 0 {
+		t.Fatalf("the old provider did not leave reservations in flight, a held replica and released Machines behind")
 	}
 	// The node that runs a pod now must survive the upgrade.
 	survivors := map[string]types.UID{}
@@ -196,24 +208,19 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 			survivors[nc.Name] = nc.UID
 		}
 	}
-	hubCache, _ := worldCaches(t)
-	machinesMade := countMachinesMade(ctx, t, hubCache, md.Name)
-	go func() { _ = hubCache.Start(ctx) }()
-	hubCache.WaitForCacheSync(ctx)
 
-	// 5. The new provider on that state; the MachineSet resumes.
+	// 6. The new provider on that state.
 	p, err := StartProvider(bin, w, "provider.log")
 	if err != nil {
 		t.Fatal(err)
 	}
 	provider = p
 	start := time.Now()
-	setPaused(t, key, false)
 	got = waitCounts(t, 5*time.Minute, name, "app-upgrade", mds, func(c counts) bool {
-		return c.RunningPods == 5 && c.PendingPods == 0 && c.NodeClaims == 5 && c.Initialized == 5 && c.Nodes == 5 &&
-			c.Machines == 5 && c.BoundMachines == 5 && c.Replicas == 5 && c.Pending == 0
+		return c.RunningPods == 3 && c.PendingPods == 0 && c.NodeClaims == 3 && c.Initialized == 3 && c.Nodes == 3 &&
+			c.Machines == 3 && c.BoundMachines == 3 && c.Replicas == 3 && c.Pending == 0
 	})
-	t.Logf("new provider: converged %s after its start: %s; %d Machines made since the kill", time.Since(start).Round(time.Second), got, machinesMade())
+	t.Logf("new provider: converged %s after its start: %s; %d Machines made since the MachineDeployment resumed", time.Since(start).Round(time.Second), got, machinesMade())
 	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
 		ann, err := annotationsOf(ctx, key)
 		if err != nil {
@@ -221,10 +228,10 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		}
 		_, held := ann[machinedeployment.HeldReplicasAnnotation]
 		_, released := ann[hub.ReleasedMachinesAnnotation]
-		return !held && !released && ann[machinedeployment.OwnedReplicasAnnotation] == "5", nil
+		return !held && !released && ann[machinedeployment.OwnedReplicasAnnotation] == "3", nil
 	}); err != nil {
 		ann, _ := annotationsOf(ctx, key)
-		t.Errorf("after the upgrade want owned-replicas 5 and no held-replicas or released-machines, have %v: %v", ann, err)
+		t.Errorf("after the upgrade want owned-replicas 3 (replicas 3, others' 0) and no held-replicas or released-machines, have %v: %v", ann, err)
 	}
 	// No NodeClaim stuck in termination, none lost.
 	if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: name}); err != nil {
@@ -242,10 +249,10 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 			t.Errorf("NodeClaim %s, running a pod before the upgrade, is gone after it", name)
 		}
 	}
-	// A Machine for each NodeClaim the old provider left without one, and
-	// at most one for the held replica (made, then given back).
-	if made, want := machinesMade(), 5-len(survivors); made < want || made > want+1 {
-		t.Errorf("%d Machines made after the kill, want %d (one per NodeClaim without one) or one more for the held replica", made, want)
+	// A Machine for each reservation left in flight, and at most one for
+	// the held replica (made, then given back).
+	if made, want := machinesMade(), 3-len(survivors); made < want || made > want+1 {
+		t.Errorf("%d Machines made since the MachineDeployment resumed, want %d (one per NodeClaim without one) or one more for the held replica", made, want)
 	}
 
 	scaleDeployment(t, d, 0)
