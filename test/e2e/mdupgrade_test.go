@@ -49,18 +49,19 @@ func buildProviderAt(t testing.TB, commit string) string {
 
 // Issue 35, upgrade in place: the provider of e402286 runs a pool and
 // leaves its bookkeeping live on the MachineDeployment, which is paused
-// meanwhile (Cluster API's paused annotation: its MachineSet does not act)
-// so that all of it is there at once: two released Machines (marked, their
-// replicas already given back: released-machines), a burst of three
-// reservations in flight, one of them held (its NodeClaim deleted as core's
-// launch timeout deletes it: held-replicas). The MachineDeployment resumes
-// and the old provider is killed (SIGKILL) as the first Machine of the
-// burst appears. The new binary starts on that state and converges with no
-// node lost or added and no NodeClaim stuck: NodeClaims == bound Machines
+// with its MachineSet meanwhile (Cluster API's paused annotation: the
+// MachineSet neither makes nor removes Machines) so that all of it is there
+// at once: a burst of three reservations in flight, one of them held (its
+// NodeClaim deleted as core's launch timeout deletes it: held-replicas), and
+// a released Machine (a running NodeClaim deleted: its Machine marked, its
+// replica already given back: released-machines). The MachineDeployment
+// resumes and the old provider is killed (SIGKILL) as the first Machine of
+// the burst appears. The new binary starts on that state and converges with
+// no node lost or added and no NodeClaim stuck: NodeClaims == bound Machines
 // == Nodes == pods (one per node), replicas == owned + others' (others' are
 // 0 here), no held-replicas or released-machines annotation left, and no
-// more Machines made than the reservations need (plus one for the held
-// replica, which is given back).
+// more Machines made than the NodeClaims without one need (plus one for the
+// held replica, which is given back).
 func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	if os.Getenv(upgradeEnv) == "" {
 		t.Skipf("set %s=1 to run the upgrade from %s (make test-upgrade): it builds the old provider", upgradeEnv, upgradeFrom)
@@ -95,32 +96,31 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		t.Fatalf("NodePool %s not ready: %v", name, err)
 	}
 
-	// 1. Three nodes, then the MachineDeployment paused.
+	// 1. Three nodes, then the MachineDeployment and its MachineSet paused.
 	d := deployment(t, name, "app-upgrade", 3, "1500m") // one per m5.large
 	got := waitCounts(t, 4*time.Minute, name, "app-upgrade", mds, func(c counts) bool {
 		return c.RunningPods == 3 && c.Initialized == 3 && c.BoundMachines == 3 && c.Replicas == 3
 	})
 	t.Logf("old provider: 3 pods on 3 nodes: %s", got)
-	setPaused(t, key, true)
+	pause := func(paused bool) {
+		if !paused {
+			setMachineSetsPaused(t, md, false)
+		}
+		setPaused(t, key, paused)
+		if paused {
+			setMachineSetsPaused(t, md, true)
+		}
+	}
+	pause(true)
 	paused := true
 	t.Cleanup(func() {
 		if paused {
-			setPaused(t, key, false)
+			pause(false)
 		}
 	})
 
-	// 2. Two nodes emptied: core deletes their NodeClaims, the old provider
-	// marks their Machines and gives back their replicas (released-machines).
-	scaleDeployment(t, d, 1)
-	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		ann, err := annotationsOf(ctx, key)
-		return err == nil && len(jsonList(ann[hub.ReleasedMachinesAnnotation])) >= 2, err
-	}); err != nil {
-		t.Fatalf("the old provider released no 2 Machines: %v", err)
-	}
-
-	// 3. A burst of three: their replicas are raised, no Machine comes yet.
-	scaleDeployment(t, d, 4)
+	// 2. A burst of three: their replicas are raised, no Machine comes.
+	scaleDeployment(t, d, 6)
 	var reserved map[string]time.Time
 	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		_, pending, err := pendingOn(ctx, key)
@@ -138,10 +138,10 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		t.Fatalf("no 3 reservations older than %s on %s: %v (%v)", machinedeployment.OrphanGrace, key, err, reserved)
 	}
 
-	// 4. One of them goes as core's launch timeout makes it go, with its
+	// 3. One of them goes as core's launch timeout makes it go, with its
 	// pod: the old provider holds its replica once the NodeClaim is gone
 	// (its Create returns within the launch wait).
-	scaleDeployment(t, d, 3)
+	scaleDeployment(t, d, 5)
 	var gone string
 	for claim := range reserved {
 		gone = claim
@@ -157,14 +157,38 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		t.Fatalf("the old provider held no replica for NodeClaim %s: %v", gone, err)
 	}
 
+	// 4. Someone deletes a running NodeClaim: the old provider marks its
+	// Machine and gives its replica back (released-machines); the paused
+	// MachineSet keeps the Machine. Its pod is evicted and waits.
+	var victim string
+	ncs := &karpv1.NodeClaimList{}
+	if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: name}); err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range ncs.Items {
+		if nc.Status.ProviderID != "" && nc.DeletionTimestamp.IsZero() {
+			victim = nc.Name
+			break
+		}
+	}
+	if err := w.Spoke.Client.Delete(ctx, &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: victim}}); err != nil {
+		t.Fatalf("deleting NodeClaim %s: %v", victim, err)
+	}
+	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		ann, err := annotationsOf(ctx, key)
+		return err == nil && len(jsonList(ann[hub.ReleasedMachinesAnnotation])) >= 1, err
+	}); err != nil {
+		t.Fatalf("the old provider released no Machine for NodeClaim %s: %v", victim, err)
+	}
+
 	// 5. The MachineDeployment resumes: the MachineSet removes the released
-	// Machines and makes Machines for the burst; the old provider is killed
+	// Machine and makes Machines for the burst; the old provider is killed
 	// as the first of them appears.
 	hubCache, _ := worldCaches(t)
 	machinesMade := countMachinesMade(ctx, t, hubCache, md.Name)
 	go func() { _ = hubCache.Start(ctx) }()
 	hubCache.WaitForCacheSync(ctx)
-	setPaused(t, key, false)
+	pause(false)
 	paused = false
 	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) { return machinesMade() > 0, nil }); err != nil {
 		t.Fatalf("no Machine made for the burst: %v", err)
@@ -195,11 +219,10 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		replicasOf(t, key), left[machinedeployment.OwnedReplicasAnnotation], len(pending), left[hub.PendingNodeClaimsAnnotation],
 		left[machinedeployment.HeldReplicasAnnotation], left[hub.ReleasedMachinesAnnotation], len(machines), bound, marked)
 	if len(pending) == 0 || left[machinedeployment.HeldReplicasAnnotation] == "" || len(jsonList(left[hub.ReleasedMachinesAnnotation])) == 0 {
-		t.Fatalf("the old provider did not leave reservations in flight, a held replica and released Machines behind")
+		t.Fatalf("the old provider did not leave reservations in flight, a held replica and a released Machine behind")
 	}
 	// The node that runs a pod now must survive the upgrade.
 	survivors := map[string]types.UID{}
-	ncs := &karpv1.NodeClaimList{}
 	if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: name}); err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +240,8 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	provider = p
 	start := time.Now()
 	got = waitCounts(t, 5*time.Minute, name, "app-upgrade", mds, func(c counts) bool {
-		return c.RunningPods == 3 && c.PendingPods == 0 && c.NodeClaims == 3 && c.Initialized == 3 && c.Nodes == 3 &&
-			c.Machines == 3 && c.BoundMachines == 3 && c.Replicas == 3 && c.Pending == 0
+		return c.RunningPods == 5 && c.PendingPods == 0 && c.NodeClaims == 5 && c.Initialized == 5 && c.Nodes == 5 &&
+			c.Machines == 5 && c.BoundMachines == 5 && c.Replicas == 5 && c.Pending == 0
 	})
 	t.Logf("new provider: converged %s after its start: %s; %d Machines made since the MachineDeployment resumed", time.Since(start).Round(time.Second), got, machinesMade())
 	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
@@ -228,10 +251,10 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 		}
 		_, held := ann[machinedeployment.HeldReplicasAnnotation]
 		_, released := ann[hub.ReleasedMachinesAnnotation]
-		return !held && !released && ann[machinedeployment.OwnedReplicasAnnotation] == "3", nil
+		return !held && !released && ann[machinedeployment.OwnedReplicasAnnotation] == "5", nil
 	}); err != nil {
 		ann, _ := annotationsOf(ctx, key)
-		t.Errorf("after the upgrade want owned-replicas 3 (replicas 3, others' 0) and no held-replicas or released-machines, have %v: %v", ann, err)
+		t.Errorf("after the upgrade want owned-replicas 5 (replicas 5, others' 0) and no held-replicas or released-machines, have %v: %v", ann, err)
 	}
 	// No NodeClaim stuck in termination, none lost.
 	if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: name}); err != nil {
@@ -249,9 +272,10 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 			t.Errorf("NodeClaim %s, running a pod before the upgrade, is gone after it", name)
 		}
 	}
-	// A Machine for each reservation left in flight, and at most one for
-	// the held replica (made, then given back).
-	if made, want := machinesMade(), 3-len(survivors); made < want || made > want+1 {
+	// A Machine for each NodeClaim without one (the reservations left in
+	// flight, the evicted pod's new NodeClaim), and at most one for the held
+	// replica (made, then given back).
+	if made, want := machinesMade(), 5-len(survivors); made < want || made > want+1 {
 		t.Errorf("%d Machines made since the MachineDeployment resumed, want %d (one per NodeClaim without one) or one more for the held replica", made, want)
 	}
 
@@ -259,6 +283,33 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	waitCounts(t, 5*time.Minute, name, "app-upgrade", mds, func(c counts) bool {
 		return c.NodeClaims == 0 && c.Machines == 0 && c.Replicas == 0
 	})
+}
+
+// setMachineSetsPaused sets or removes Cluster API's paused annotation on
+// the MachineSets of a MachineDeployment (a paused MachineDeployment still
+// lets its MachineSet replace Machines up to the MachineSet's replicas).
+func setMachineSetsPaused(t testing.TB, md *clusterv1.MachineDeployment, paused bool) {
+	t.Helper()
+	ctx := context.Background()
+	sets := &clusterv1.MachineSetList{}
+	if err := w.Hub.Client.List(ctx, sets, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range sets.Items {
+		ms := &sets.Items[i]
+		patch := client.MergeFrom(ms.DeepCopy())
+		if paused {
+			if ms.Annotations == nil {
+				ms.Annotations = map[string]string{}
+			}
+			ms.Annotations[clusterv1.PausedAnnotation] = "true"
+		} else {
+			delete(ms.Annotations, clusterv1.PausedAnnotation)
+		}
+		if err := w.Hub.Client.Patch(ctx, ms, patch); err != nil {
+			t.Fatalf("pausing MachineSet %s (%v): %v", ms.Name, paused, err)
+		}
+	}
 }
 
 // annotationsOf reads a MachineDeployment's annotations.
