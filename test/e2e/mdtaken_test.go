@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,7 @@ func TestReplicasTakenAwayRecoverFast(t *testing.T) {
 		plainPods.Round(100*time.Millisecond), describeDurations(plain), got)
 
 	// The user takes two replicas away.
+	logFrom := logSize(t, provider.LogPath)
 	lowered := time.Now()
 	scaleMachineDeployment(t, md, 1)
 	got = waitCounts(t, 4*time.Minute, name, "app-taken", mds, func(c counts) bool {
@@ -71,6 +73,14 @@ func TestReplicasTakenAwayRecoverFast(t *testing.T) {
 	}
 	if bad := watch.bad(); len(bad) > 0 {
 		t.Errorf("Machines bound to terminating NodeClaims: %v", bad)
+	}
+	// Core's cluster state waits on a NodeClaim without a providerID: no
+	// stall of 30 s or more (core then logs it) while the pool recovered.
+	for _, l := range logLines(t, provider.LogPath, logFrom, logSyncStall) {
+		if strings.Contains(l.Raw, `"NodePool":{"name":"`+name+`"}`) {
+			t.Errorf("core's cluster state stalled while the pool recovered: %s", l.Raw)
+			break
+		}
 	}
 
 	scaleDeployment(t, d, 0)

@@ -87,10 +87,11 @@ func oneOf(s string, set []string) bool {
 
 // The provider's and core's log messages the scenarios read.
 const (
-	logReplicas  = "MachineDeployment replicas"         // pkg/machinedeployment/writer.go
-	logBound     = "bound Machine to NodeClaim"         // pkg/machinedeployment/pass.go
-	logLaunched  = "launched nodeclaim"                 // Karpenter core
-	logReachable = "management cluster reachable again" // pkg/hub/reachability.go
+	logReplicas  = "MachineDeployment replicas"                       // pkg/machinedeployment/writer.go
+	logBound     = "bound Machine to NodeClaim"                       // pkg/machinedeployment/pass.go
+	logLaunched  = "launched nodeclaim"                               // Karpenter core
+	logReachable = "management cluster reachable again"               // pkg/hub/reachability.go
+	logSyncStall = "cluster is waiting on sync for extended duration" // Karpenter core, every 10 s from 30 s on
 )
 
 // namesObject reports whether a logged object key (an object
