@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
+	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -241,11 +242,15 @@ type mdWatch struct {
 	cancel context.CancelFunc
 	mu     sync.Mutex
 	// Machines: when seen created and when seen bound (to which NodeClaim).
-	machineSeen   map[string]time.Time
-	machineBound  map[string]time.Time
-	machineClaim  map[string]string
-	machinePID    map[string]time.Time
-	machineGone   map[string]time.Time
+	machineSeen  map[string]time.Time
+	machineBound map[string]time.Time
+	machineClaim map[string]string
+	machinePID   map[string]time.Time
+	machineGone  map[string]time.Time
+	machineInfra map[string]string
+	// Infrastructure machines (AWSMachines): when seen with a providerID
+	// (the launch returns on it, before Cluster API copies it to the Machine).
+	infraPID      map[string]time.Time
 	nodeClaimSeen map[string]time.Time
 	// NodeClaims: when seen with a providerID, and seen terminating.
 	nodeClaimPID  map[string]time.Time
@@ -263,6 +268,7 @@ func watchMachineDeployment(t testing.TB, md *clusterv1.MachineDeployment, pool 
 	mw := &mdWatch{
 		machineSeen: map[string]time.Time{}, machineBound: map[string]time.Time{}, machineClaim: map[string]string{},
 		machinePID: map[string]time.Time{}, machineGone: map[string]time.Time{}, nodeClaimSeen: map[string]time.Time{},
+		machineInfra: map[string]string{}, infraPID: map[string]time.Time{},
 		nodeClaimPID: map[string]time.Time{}, nodeClaimTerm: map[string]time.Time{},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -279,6 +285,7 @@ func watchMachineDeployment(t testing.TB, md *clusterv1.MachineDeployment, pool 
 		if _, ok := mw.machineSeen[m.Name]; !ok {
 			mw.machineSeen[m.Name] = now
 		}
+		mw.machineInfra[m.Name] = m.Spec.InfrastructureRef.Name
 		if m.Spec.ProviderID != "" {
 			if _, ok := mw.machinePID[m.Name]; !ok {
 				mw.machinePID[m.Name] = now
@@ -322,7 +329,19 @@ func watchMachineDeployment(t testing.TB, md *clusterv1.MachineDeployment, pool 
 		}
 		return o
 	}
+	infra := func(o any) {
+		im, ok := o.(*infrav1.AWSMachine)
+		if !ok || im.Spec.ProviderID == nil || *im.Spec.ProviderID == "" {
+			return
+		}
+		mw.mu.Lock()
+		defer mw.mu.Unlock()
+		if _, ok := mw.infraPID[im.Name]; !ok {
+			mw.infraPID[im.Name] = time.Now()
+		}
+	}
 	handlers := map[client.Object]toolscache.ResourceEventHandlerFuncs{
+		&infrav1.AWSMachine{}: {AddFunc: infra, UpdateFunc: func(_, o any) { infra(o) }},
 		&clusterv1.Machine{}: {AddFunc: machine, UpdateFunc: func(_, o any) { machine(o) }, DeleteFunc: func(o any) {
 			if m, ok := tomb(o).(*clusterv1.Machine); ok {
 				mw.mu.Lock()
@@ -408,9 +427,14 @@ func (mw *mdWatch) everBound(machine string) (string, bool) {
 	return c, ok
 }
 
-// machineTimes returns when a Machine was seen created and with a providerID.
+// machineTimes returns when a Machine was seen created and when it, or
+// its infrastructure machine first, was seen with a providerID.
 func (mw *mdWatch) machineTimes(name string) (created, providerID time.Time) {
 	mw.mu.Lock()
 	defer mw.mu.Unlock()
-	return mw.machineSeen[name], mw.machinePID[name]
+	providerID = mw.machinePID[name]
+	if at, ok := mw.infraPID[mw.machineInfra[name]]; ok && (providerID.IsZero() || at.Before(providerID)) {
+		providerID = at
+	}
+	return mw.machineSeen[name], providerID
 }
