@@ -184,10 +184,12 @@ func TestUpgradeInPlaceFromTheOldMachineDeploymentDesign(t *testing.T) {
 	// 5. The MachineDeployment resumes: the MachineSet removes the released
 	// Machine and makes Machines for the burst; the old provider is killed
 	// as the first of them appears.
-	hubCache, _ := worldCaches(t)
-	machinesMade := countMachinesMade(ctx, t, hubCache, md.Name)
-	go func() { _ = hubCache.Start(ctx) }()
-	hubCache.WaitForCacheSync(ctx)
+	existing, err := machinesOfMD(ctx, md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch := watchMachineDeployment(t, md, name)
+	machinesMade := func() int { return watch.madeBesides(existing) }
 	pause(false)
 	paused = false
 	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) { return machinesMade() > 0, nil }); err != nil {

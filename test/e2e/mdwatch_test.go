@@ -438,3 +438,20 @@ func (mw *mdWatch) machineTimes(name string) (created, providerID time.Time) {
 	}
 	return mw.machineSeen[name], providerID
 }
+
+// madeBesides counts the Machines the watch saw that are not among before.
+func (mw *mdWatch) madeBesides(before []clusterv1.Machine) int {
+	known := map[string]bool{}
+	for _, m := range before {
+		known[m.Name] = true
+	}
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	n := 0
+	for name := range mw.machineSeen {
+		if !known[name] {
+			n++
+		}
+	}
+	return n
+}
