@@ -364,7 +364,7 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 
 	// 8. Machines of a member MachineDeployment no NodeClaim owns.
 	if member {
-		c.reportUnowned(md, machines, open, settled(cnt, r), now)
+		later(c.reportUnowned(md, machines, open, settled(cnt, r), now))
 	}
 	return requeue, nil
 }
@@ -475,14 +475,23 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 // reportUnowned counts the live, unbound, unmarked Machines of a member
 // MachineDeployment older than OrphanGrace that no open reservation can use
 // once its MachineSet has settled: paid nodes that run no pod (they joined
-// with Karpenter's unregistered taint, which only a NodeClaim removes).
-func (c *Controller) reportUnowned(md *clusterv1.MachineDeployment, machines []*clusterv1.Machine, open []reservation, isSettled bool, now time.Time) {
+// with Karpenter's unregistered taint, which only a NodeClaim removes). It
+// returns how soon the youngest unbound Machine comes of age (0: none is
+// waiting): nothing else may wake the pass once the MachineSet settled.
+func (c *Controller) reportUnowned(md *clusterv1.MachineDeployment, machines []*clusterv1.Machine, open []reservation, isSettled bool, now time.Time) time.Duration {
 	if !isSettled {
-		return // the last report stands until the MachineSet settles
+		return 0 // the last report stands until the MachineSet settles
 	}
 	n := 0
+	var wait time.Duration
 	for _, m := range machines {
-		if !m.DeletionTimestamp.IsZero() || isMarked(m) || m.Annotations[v1alpha1.NodeClaimAnnotation] != "" || now.Sub(m.CreationTimestamp.Time) < OrphanGrace {
+		if !m.DeletionTimestamp.IsZero() || isMarked(m) || m.Annotations[v1alpha1.NodeClaimAnnotation] != "" {
+			continue
+		}
+		if young := OrphanGrace - now.Sub(m.CreationTimestamp.Time); young > 0 {
+			if wait == 0 || young < wait {
+				wait = young
+			}
 			continue
 		}
 		usable := false
@@ -501,6 +510,7 @@ func (c *Controller) reportUnowned(md *clusterv1.MachineDeployment, machines []*
 		c.hubEvents.Event(md, corev1.EventTypeWarning, "UnownedMachines", fmt.Sprintf(
 			"%d Machine(s) of this member MachineDeployment belong to no NodeClaim: their nodes keep Karpenter's unregistered taint and run no pod; lower spec.replicas by that many, or remove the member label (see docs/troubleshooting.md)", n))
 	}
+	return wait
 }
 
 // reservation is one reservation as a pass sees it.

@@ -209,11 +209,18 @@ func truncateEvent(s string) string {
 	return s
 }
 
-// machinesOf lists a MachineDeployment's Machines, read-only.
+// machinesOf lists a MachineDeployment's Machines, read-only. The
+// selector names the MachineDeployment's Cluster too: a live list (the API
+// reader) must stay inside the provider's scope, one Cluster of a shared
+// namespace (docs/install.md; the e2e TestTwoClustersInOneNamespaceStayApart
+// audits it).
 func machinesOf(ctx context.Context, r client.Reader, md *clusterv1.MachineDeployment) ([]*clusterv1.Machine, error) {
 	list := &clusterv1.MachineList{}
-	if err := r.List(ctx, list, client.InNamespace(md.Namespace),
-		client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	selector := client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}
+	if md.Spec.ClusterName != "" {
+		selector[clusterv1.ClusterNameLabel] = md.Spec.ClusterName
+	}
+	if err := r.List(ctx, list, client.InNamespace(md.Namespace), selector, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing Machines of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
 	}
 	out := make([]*clusterv1.Machine, len(list.Items))

@@ -134,7 +134,7 @@ func TestConcurrentWriterKeepsItsReplicaChanges(t *testing.T) {
 		return c.RunningPods == n && c.Pending == 0 && c.NodeClaims == n && c.BoundMachines == n && c.Replicas == int32(n)+net &&
 			c.Machines == n+int(net) && c.UnboundMachines == int(net) && !machineExists(t, victim)
 	})
-	t.Logf("Machine %s deleted by someone else; settled after %s: %s; %d spare replicas given back in all", victim.Name, time.Since(start).Round(time.Second), got, mdEvents(t, md, "SpareReplicaGivenBack"))
+	t.Logf("Machine %s deleted by someone else; settled after %s: %s; %d ReplicasChanged events in all", victim.Name, time.Since(start).Round(time.Second), got, mdEvents(t, md, "ReplicasChanged"))
 	if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
 		t.Fatal(err)
 	}

@@ -182,7 +182,7 @@ func TestMachineDeploymentKillAtEachStep(t *testing.T) {
 		perStep[s.step]++
 	}
 	total := machinesMade()
-	t.Logf("%d injected stops %v; %d Machines created in all; %d spare replicas given back", len(stops), perStep, total, mdEvents(t, md, "SpareReplicaGivenBack"))
+	t.Logf("%d injected stops %v; %d Machines created in all; %d ReplicasChanged events", len(stops), perStep, total, mdEvents(t, md, "ReplicasChanged"))
 	if len(stops) < 10 {
 		t.Fatalf("only %d injected stops (%v): want at least 10", len(stops), perStep)
 	}
