@@ -196,16 +196,24 @@ func setPaused(t testing.TB, key client.ObjectKey, paused bool) {
 	if err := w.Hub.Client.Get(context.Background(), key, cur); err != nil {
 		t.Fatal(err)
 	}
-	patch := client.MergeFrom(cur.DeepCopy())
-	if paused {
-		if cur.Annotations == nil {
-			cur.Annotations = map[string]string{}
-		}
-		cur.Annotations[clusterv1.PausedAnnotation] = "true"
-	} else {
-		delete(cur.Annotations, clusterv1.PausedAnnotation)
-	}
-	if err := w.Hub.Client.Patch(context.Background(), cur, patch); err != nil {
+	if err := patchPaused(context.Background(), cur, paused); err != nil {
 		t.Fatal(fmt.Errorf("pausing MachineDeployment %s (%v): %w", key, paused, err))
 	}
+}
+
+// patchPaused sets (or removes) Cluster API's paused annotation on a hub
+// object with a merge patch of that annotation alone.
+func patchPaused(ctx context.Context, o client.Object, paused bool) error {
+	patch := client.MergeFrom(o.DeepCopyObject().(client.Object))
+	a := o.GetAnnotations()
+	if paused {
+		if a == nil {
+			a = map[string]string{}
+		}
+		a[clusterv1.PausedAnnotation] = "true"
+	} else {
+		delete(a, clusterv1.PausedAnnotation)
+	}
+	o.SetAnnotations(a)
+	return w.Hub.Client.Patch(ctx, o, patch)
 }

@@ -51,18 +51,7 @@ func TestHubOutageProviderStepsWithinFiveSeconds(t *testing.T) {
 	}
 	logFrom := logSize(t, provider.LogPath)
 
-	if err := w.StopHubAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	down := time.Now()
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted {
-			if err := w.StartHubAPIServer(context.Background()); err != nil {
-				t.Errorf("restarting the hub API server: %v", err)
-			}
-		}
-	})
+	down, startHub := stopHub(t)
 	d := deployment(t, name, "app-hubback", 1, "1500m")
 	// The pod waits through the outage; the provider must keep running.
 	for time.Since(down) < shortHubOutage {
@@ -80,10 +69,7 @@ func TestHubOutageProviderStepsWithinFiveSeconds(t *testing.T) {
 	}
 	t.Logf("after %s without hub: %s", time.Since(down).Round(time.Second), c)
 
-	if err := w.StartHubAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
+	startHub(ctx)
 	back := time.Now()
 	// A watch of the hub from its return: when the Machine appears and
 	// when Cluster API gives it its providerID.

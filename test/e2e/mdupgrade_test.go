@@ -298,18 +298,8 @@ func setMachineSetsPaused(t testing.TB, md *clusterv1.MachineDeployment, paused 
 		t.Fatal(err)
 	}
 	for i := range sets.Items {
-		ms := &sets.Items[i]
-		patch := client.MergeFrom(ms.DeepCopy())
-		if paused {
-			if ms.Annotations == nil {
-				ms.Annotations = map[string]string{}
-			}
-			ms.Annotations[clusterv1.PausedAnnotation] = "true"
-		} else {
-			delete(ms.Annotations, clusterv1.PausedAnnotation)
-		}
-		if err := w.Hub.Client.Patch(ctx, ms, patch); err != nil {
-			t.Fatalf("pausing MachineSet %s (%v): %v", ms.Name, paused, err)
+		if err := patchPaused(ctx, &sets.Items[i], paused); err != nil {
+			t.Fatalf("pausing MachineSet %s (%v): %v", sets.Items[i].Name, paused, err)
 		}
 	}
 }

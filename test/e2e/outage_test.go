@@ -49,18 +49,7 @@ func TestHubOutageDeletesNothingAndRecovers(t *testing.T) {
 	}
 	deletions := watchSpokeDeletions(t, "outage")
 
-	if err := w.StopHubAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	down := time.Now()
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted {
-			if err := w.StartHubAPIServer(context.Background()); err != nil {
-				t.Errorf("restarting the hub API server: %v", err)
-			}
-		}
-	})
+	down, startHub := stopHub(t)
 	t.Logf("hub API server killed")
 	// Three more pods, pending until the hub is back.
 	scaleDeployment(t, d, 13)
@@ -91,10 +80,7 @@ func TestHubOutageDeletesNothingAndRecovers(t *testing.T) {
 	}
 
 	restartStart := time.Now()
-	if err := w.StartHubAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
+	startHub(ctx)
 	back := time.Now()
 	t.Logf("hub API server back after %s down (restart took %s)", back.Sub(down).Round(time.Second), back.Sub(restartStart).Round(time.Millisecond))
 
@@ -201,3 +187,29 @@ func (sd *spokeDeletions) snapshot() []string {
 }
 
 func (sd *spokeDeletions) stop() { sd.cancel() }
+
+// stopHub stops the hub's API server and returns when it stopped and a
+// function that starts it again (once; the test's cleanup starts it when the
+// test ends before that).
+func stopHub(t *testing.T) (time.Time, func(context.Context)) {
+	t.Helper()
+	if err := w.StopHubAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	down := time.Now()
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			if err := w.StartHubAPIServer(context.Background()); err != nil {
+				t.Errorf("restarting the hub API server: %v", err)
+			}
+		}
+	})
+	return down, func(ctx context.Context) {
+		t.Helper()
+		if err := w.StartHubAPIServer(ctx); err != nil {
+			t.Fatal(err)
+		}
+		restarted = true
+	}
+}
