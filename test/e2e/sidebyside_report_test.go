@@ -125,8 +125,15 @@ func sideBySide(tb testing.TB, ns []int, names []string, o benchOptions) []runRe
 		results[i].Ratios = modeRatios(results, r)
 		// A floor gives Cluster API at once what the mode asks over the
 		// burst: a floor slower than its mode measures something else.
-		if fl, ok := resultOf(results, floorOf(r.Contender), r.N); ok && r.NodesReadyS > 0 && fl.NodesReadyS > r.NodesReadyS {
+		fl, ok := resultOf(results, floorOf(r.Contender), r.N)
+		if !ok {
+			continue
+		}
+		if r.NodesReadyS > 0 && fl.NodesReadyS > r.NodesReadyS {
 			tb.Logf("WARNING: %s at N = %d: its floor %s took %.1fs to N Nodes Ready, the mode %.1fs: look at the floor", r.Contender, r.N, fl.Contender, fl.NodesReadyS, r.NodesReadyS)
+		}
+		if fl.MachineZones != r.MachineZones {
+			tb.Logf("WARNING: %s at N = %d: Machines by zone %s, its floor %s's %s: the floor does not launch what the mode does", r.Contender, r.N, r.MachineZones, fl.Contender, fl.MachineZones)
 		}
 	}
 	return results
