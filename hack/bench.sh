@@ -7,9 +7,11 @@
 #     Get, List, GetInstanceTypes (+ after a change), resident memory
 #   test/e2e (the end-to-end world): launch latency, burst of 200 NodeClaims,
 #     fallback with 3 of 4 offerings exhausted (both modes),
-#     and side by side with Karpenter's own kwok provider (BenchmarkSideBySide:
-#     kwok, MachineDeployment mode, Machine mode; N = 100 and 500 pods by
-#     default, BENCH_N to change), each figure with its ratio to kwok
+#     and side by side with Karpenter's own kwok provider and the Cluster API
+#     floors (BenchmarkSideBySide: kwok, capi-md, MachineDeployment mode,
+#     capi-machines, Machine mode; N = 100 and 500 pods by default, BENCH_N
+#     and BENCH_CONTENDERS to change), each mode's figures with their ratios
+#     to kwok, to the mode's floor and to max(kwok, floor)
 #
 # Exit status: 1 when a benchmark run failed or a target was missed.
 set -uo pipefail
@@ -40,7 +42,7 @@ for b in LaunchLatency Burst200 Fallback; do
 	[[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: test/e2e $b failed" >&2; failed=1; }
 done
 
-echo "== test/e2e (SideBySide: kwok, MachineDeployment mode, Machine mode) =="
+echo "== test/e2e (SideBySide: kwok, capi-md, MachineDeployment mode, capi-machines, Machine mode) =="
 BENCH_JSON="$out/sbs.json" go test -run '^$' -bench '^BenchmarkSideBySide$' -benchtime 1x -timeout 3h ./test/e2e/ 2>&1 | tee "$out/sbs.txt" | tee -a "$out/e2e.txt"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "bench: test/e2e SideBySide failed" >&2; failed=1; }
 
@@ -95,10 +97,21 @@ END {
 	fig("burst 200: wall time",                                 "Burst200|wall-s",                    1,       "s",    "",   "")
 	fig("burst 200: infrastructure own time (no Karpenter)",    "Burst200|infra-s",                   1,       "s",    "",   "")
 	fig("burst 200: wall / infrastructure time",                "Burst200|wall/infra",                1,       "",     "<=", 1.2)
-	fig("N=100: all pods Running, MachineDeployment mode / kwok", "SideBySide|machinedeployment-100-total/kwok", 1, "", "<=", 1.2)
-	fig("N=100: all pods Running, Machine mode / kwok",         "SideBySide|machine-100-total/kwok",  1,       "",     "<=", 1.2)
-	fig("N=500: all pods Running, MachineDeployment mode / kwok", "SideBySide|machinedeployment-500-total/kwok", 1, "", "", "")
-	fig("N=500: all pods Running, Machine mode / kwok",         "SideBySide|machine-500-total/kwok",  1,       "",     "",   "")
+	# Side by side (issue 36): each mode against max(kwok, its Cluster API
+	# floor), its process CPU against that of kwok (per node: the same N), its hub
+	# writes per node. The ratios to kwok and to the floor alone are shown.
+	split("100 500", sizes, " ")
+	split("machinedeployment machine", modes, " ")
+	label["machinedeployment"] = "MachineDeployment mode"; floorof["machinedeployment"] = "capi-md"
+	label["machine"] = "Machine mode"; floorof["machine"] = "capi-machines"
+	for (i = 1; i <= 2; i++) for (j = 1; j <= 2; j++) {
+		N = sizes[i]; c = modes[j]; p = "SideBySide|" c "-" N "-"
+		fig("N=" N ": all pods Running, " label[c] " / kwok",                       p "total/kwok",      1, "", "",   "")
+		fig("N=" N ": all pods Running, " label[c] " / " floorof[c],                p "total/floor",     1, "", "",   "")
+		fig("N=" N ": all pods Running, " label[c] " / max(kwok, " floorof[c] ")",  p "total/max",       1, "", "<=", 1.2)
+		fig("N=" N ": provider process CPU per node, " label[c] " / kwok",          p "cpu/kwok",        1, "", "<=", 1.5)
+		fig("N=" N ": hub writes per node, " label[c],                              p "hub-writes/node", 1, "", "<=", 2)
+	}
 	fig("fallback, 3 of 4 offerings exhausted, MachineDeployment mode: extra time", "Fallback|machinedeployment-fallback-extra-s", 1, "s", "<=", 10)
 	fig("fallback, 3 of 4 offerings exhausted, Machine mode: extra time", "Fallback|machine-fallback-extra-s", 1, "s", "<=", 10)
 	fig("resident memory (VmRSS), 10,000 Machines",             "ResidentMemory10k|rss-MiB",          1,       "MiB",  "<=", 300)
@@ -130,6 +143,7 @@ END {
 }' "$out/bench.txt" "$out/e2e.txt"
 status=$?
 echo
-echo "== side by side with Karpenter's kwok provider (ratio to kwok in parentheses) =="
-sed -n '/^side by side, N = /,/^world CPU/p' "$out/sbs.txt"
+echo "== side by side with Karpenter's kwok provider and the Cluster API floors (ratio to kwok in parentheses) =="
+# Each N prints two blocks (figures, then the modes' ratios), each ending with an empty line.
+awk '/^side by side, N = |^ratios, N = /{on = 1} on {print} /^$/{on = 0}' "$out/sbs.txt"
 exit $status

@@ -187,40 +187,20 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	}
 	record(offering)
 
-	template := &unstructured.Unstructured{}
-	template.SetGroupVersionKind(resolved.Template)
-	if err := p.hub.GetCache().Get(ctx, offering.Template, template); err != nil {
-		return nil, fmt.Errorf("reading %s %s chosen for NodeClaim %s: %w", resolved.Template.Kind, offering.Template, claim, err)
+	c, err := NewClone(ctx, p.hub, nc, resolved.Template, src, offering, claim, attempt)
+	if err != nil {
+		return nil, err
 	}
-	cluster := &clusterv1.Cluster{}
-	if err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: offering.Template.Namespace, Name: src.ClusterName}, cluster); err != nil {
-		return nil, fmt.Errorf("reading Cluster %s/%s for NodeClaim %s: %w", offering.Template.Namespace, src.ClusterName, claim, err)
-	}
-	mt := nc.Spec.MachineTemplate
-	version := mt.Version
-	if version == "" {
-		if version, err = clusterVersion(ctx, p, cluster); err != nil {
-			return nil, err
-		}
-	}
-	name := attemptName(cluster.Name, claim, attempt)
+	c.ReservationID = reservation
+	mt, name := nc.Spec.MachineTemplate, c.Name
 	if err := p.infraWatch.Ensure(ctx, resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind))); err != nil {
 		return nil, err
 	}
 
 	// 1. The infrastructure machine, cloned from the template.
-	infra, err := clone(template, resolved.Template, name, cluster.Name, claim, offering)
+	infra, err := c.InfraMachine()
 	if err != nil {
 		return nil, err
-	}
-	if offering.CapacityType != karpv1.CapacityTypeReserved && spotCapable(resolved.Template) {
-		// The template's reservation is for the reserved offering only.
-		dropReservation(infra)
-	}
-	if offering.CapacityType == "spot" && spotCapable(resolved.Template) {
-		if err := makeSpot(infra); err != nil {
-			return nil, fmt.Errorf("making %s %s/%s spot: %w", infra.GetKind(), infra.GetNamespace(), name, err)
-		}
 	}
 	createdInfra, err := p.ensure(ctx, infra, claim)
 	if err != nil {
@@ -256,7 +236,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 			}
 			return nil, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, offering.Template.Namespace, ref.Name, err)
 		}
-		config, err := clone(bootstrapTemplate, gvk, name, cluster.Name, claim, offering)
+		config, err := clone(bootstrapTemplate, gvk, name, c.ClusterName, claim, offering)
 		if err != nil {
 			cleanup(createdInfra)
 			return nil, err
@@ -275,16 +255,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	}
 
 	// 3. The Machine, referencing both.
-	m = newMachine(machineSpec{
-		name: name, clusterName: cluster.Name, claim: claim, version: version, instanceType: src.Name,
-		offering:      offering,
-		reservationID: reservation,
-		infra:         clusterv1.ContractVersionedObjectReference{APIGroup: resolved.Template.Group, Kind: infra.GetKind(), Name: name},
-		bootstrap:     bootstrap,
-		metadata:      mt.Metadata,
-		templateHash:  TemplateHash(template),
-		bootstrapHash: BootstrapHash(mt, bootstrapTemplate),
-	})
+	m = c.Machine(bootstrap, bootstrapTemplate)
 	if owner, err := p.adoptingMachineSet(ctx, m); err != nil {
 		return nil, err
 	} else if owner != "" {

@@ -16,7 +16,10 @@ import (
 // of the short side-by-side run (testdata/bench-baseline.json). Times are
 // kept as ratios to kwok measured in the same run, so that a slower or
 // busier machine (CI's 2 shared cores) moves both sides alike; writes per
-// node are absolute (they do not depend on the machine).
+// node are absolute (they do not depend on the machine). Each mode's times
+// are held against kwok's (Karpenter's own floor) and against its Cluster
+// API floor's (capi-md, capi-machines: Cluster API alone), both run just
+// before it in the same world.
 type speedBaseline struct {
 	Release string `json:"release"`
 	// Provisional marks figures not measured on a quiet 2-core machine at a
@@ -35,19 +38,27 @@ const regressionTolerance = 1.3
 const baselinePath = "test/e2e/testdata/bench-baseline.json"
 
 // keyFigures are the figures the regression check holds against the
-// baseline, per contender of this provider.
-func keyFigures(r, kwok runResult) map[string]float64 {
-	return map[string]float64{
-		"total/kwok":          ratio(r.TotalS, kwok.TotalS),
-		"pod_start_p50/kwok":  ratio(r.PodStartP50S, kwok.PodStartP50S),
-		"hub_writes_per_node": r.HubWritesPerNode,
+// baseline, per mode of this provider: its times as ratios to kwok and to
+// its Cluster API floor (from modeRatios), its hub writes per node.
+func keyFigures(r runResult) map[string]float64 {
+	out := map[string]float64{"hub_writes_per_node": r.HubWritesPerNode}
+	for key, name := range map[string]string{"total_s": "total", "pod_start_p50_s": "pod_start_p50"} {
+		fr := r.Ratios[key]
+		if fr.ToKWOK != nil {
+			out[name+"/kwok"] = *fr.ToKWOK
+		}
+		if fr.ToFloor != nil {
+			out[name+"/floor"] = *fr.ToFloor
+		}
 	}
+	return out
 }
 
 // TestSpeedAgainstKWOK is the short side-by-side run (N = 50) that guards
 // against slowdowns: each mode's time to all pods Running and its median pod
-// start, as ratios to Karpenter's kwok provider run just before in the same
-// world, and its hub writes per node, each within 30 % of the baseline.
+// start, as ratios to Karpenter's kwok provider and to the mode's Cluster
+// API floor run just before in the same world, and its hub writes per node,
+// each within 30 % of the baseline.
 // Scale-down and CPU are printed, not checked (core's disruption polling
 // makes a 50-node scale-down vary by a round).
 //
@@ -67,14 +78,14 @@ func TestSpeedAgainstKWOK(t *testing.T) {
 		t.Fatalf("parsing %s: %v", path, err)
 	}
 	o := benchOptions{Delay: time.Duration(base.DelayS * float64(time.Second))}
-	results := sideBySide(t, []int{base.N}, []string{contenderKWOK, contenderMachineDeployment, contenderMachine}, o)
+	results := sideBySide(t, []int{base.N}, allContenders, o)
 	printSideBySide(os.Stdout, results)
 	kwok, _ := kwokOf(results, base.N)
 
 	measured := map[string]map[string]float64{}
 	for _, r := range results {
-		if r.Contender != contenderKWOK {
-			measured[r.Contender] = keyFigures(r, kwok)
+		if r.Contender != contenderKWOK && r.FloorOf == "" {
+			measured[r.Contender] = keyFigures(r)
 		}
 	}
 	if release := os.Getenv("BENCH_WRITE_BASELINE"); release != "" {

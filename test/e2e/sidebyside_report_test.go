@@ -13,11 +13,14 @@ import (
 	"time"
 )
 
-// BenchmarkSideBySide runs the side-by-side bench (see runBurst) and prints
-// one table with each figure's ratio to kwok. Settings from the environment:
+// BenchmarkSideBySide runs the side-by-side bench (see runBurst and
+// runFloor) and prints, per N, one table of the figures with each one's
+// ratio to kwok, and one of each mode's ratios to kwok, to its Cluster API
+// floor and to the larger of the two. Settings from the environment:
 //
 //	BENCH_N            burst sizes, comma-separated (default 100,500)
-//	BENCH_CONTENDERS   kwok,machinedeployment,machine (default all three)
+//	BENCH_CONTENDERS   kwok,capi-md,machinedeployment,capi-machines,machine
+//	                   (default all five, in this order)
 //	BENCH_DELAY        infrastructure delay = kwok's registration delay (default 5s)
 //	BENCH_PROFILE_DIR  write 20 s CPU profiles of each contender's process there
 //	BENCH_JSON         write the results there as JSON
@@ -43,17 +46,27 @@ func BenchmarkSideBySide(b *testing.B) {
 			ns = append(ns, n)
 		}
 	}
-	names := []string{contenderKWOK, contenderMachineDeployment, contenderMachine}
+	names := allContenders
 	if v := os.Getenv("BENCH_CONTENDERS"); v != "" {
 		names = strings.Split(v, ",")
 	}
 	results := sideBySide(b, ns, names, o)
 	printSideBySide(os.Stdout, results)
+	// The figures hack/bench.sh holds against targets.
 	for _, r := range results {
 		prefix := fmt.Sprintf("%s-%d-", r.Contender, r.N)
 		b.ReportMetric(r.TotalS, prefix+"total-s")
-		if k, ok := kwokOf(results, r.N); ok && r.Contender != contenderKWOK {
-			b.ReportMetric(r.TotalS/k.TotalS, prefix+"total/kwok")
+		if r.FloorOf != "" || r.Contender == contenderKWOK {
+			continue
+		}
+		b.ReportMetric(r.HubWritesPerNode, prefix+"hub-writes/node")
+		for metric, key := range map[string]string{"total": "total_s", "cpu": "cpu_s"} {
+			rs := r.Ratios[key]
+			for name, v := range map[string]*float64{"kwok": rs.ToKWOK, "floor": rs.ToFloor, "max": rs.ToMax} {
+				if v != nil {
+					b.ReportMetric(*v, prefix+metric+"/"+name)
+				}
+			}
 		}
 	}
 	if path := os.Getenv("BENCH_JSON"); path != "" {
@@ -81,15 +94,23 @@ func sideBySide(tb testing.TB, ns []int, names []string, o benchOptions) []runRe
 	var results []runResult
 	for _, n := range ns {
 		for _, name := range names {
-			c, ok := contenders[name]
-			if !ok {
-				tb.Fatalf("unknown contender %q", name)
-			}
 			o.N = n
-			r := runBurst(tb, c, o)
+			var r runResult
+			began := time.Now()
+			if c, ok := contenders[name]; ok {
+				r = runBurst(tb, c, o)
+			} else if f, ok := floors[name]; ok {
+				r = runFloor(tb, f, o)
+			} else {
+				tb.Fatalf("unknown contender %q (BENCH_CONTENDERS: %s)", name, strings.Join(allContenders, ","))
+			}
+			r.WallS = time.Since(began).Seconds()
 			printRun(os.Stdout, r)
 			results = append(results, r)
-			want := map[string][2]int{"NodeClaims": {r.PeakNodeClaims, n}, "Nodes": {r.PeakNodes, n}}
+			want := map[string][2]int{"Nodes": {r.PeakNodes, n}}
+			if r.FloorOf == "" {
+				want["NodeClaims"] = [2]int{r.PeakNodeClaims, n}
+			}
 			if name != contenderKWOK {
 				want["Machines"] = [2]int{r.PeakMachines, n}
 			}
@@ -100,25 +121,111 @@ func sideBySide(tb testing.TB, ns []int, names []string, o benchOptions) []runRe
 			}
 		}
 	}
+	for i, r := range results {
+		results[i].Ratios = modeRatios(results, r)
+		// A floor gives Cluster API at once what the mode asks over the
+		// burst: a floor slower than its mode measures something else.
+		fl, ok := resultOf(results, floorOf(r.Contender), r.N)
+		if !ok {
+			continue
+		}
+		if r.NodesReadyS > 0 && fl.NodesReadyS > r.NodesReadyS {
+			tb.Logf("WARNING: %s at N = %d: its floor %s took %.1fs to N Nodes Ready, the mode %.1fs: look at the floor", r.Contender, r.N, fl.Contender, fl.NodesReadyS, r.NodesReadyS)
+		}
+		if fl.MachineZones != r.MachineZones {
+			tb.Logf("WARNING: %s at N = %d: Machines by zone %s, its floor %s's %s: the floor does not launch what the mode does", r.Contender, r.N, r.MachineZones, fl.Contender, fl.MachineZones)
+		}
+	}
 	return results
 }
 
 func kwokOf(results []runResult, n int) (runResult, bool) {
+	return resultOf(results, contenderKWOK, n)
+}
+
+func resultOf(results []runResult, contender string, n int) (runResult, bool) {
 	for _, r := range results {
-		if r.Contender == contenderKWOK && r.N == n {
+		if r.Contender == contender && r.N == n {
 			return r, true
 		}
 	}
 	return runResult{}, false
 }
 
+// figureRatios are one figure of a mode against its references: kwok (the
+// floor of Karpenter's own work), the mode's Cluster API floor (that of
+// the infrastructure), and the larger of the two, which is what a provider
+// that overlapped Karpenter's decisions with Cluster API's work entirely
+// would reach. Absent: the reference was not run or has no such figure.
+type figureRatios struct {
+	ToKWOK  *float64 `json:"to_kwok,omitempty"`
+	ToFloor *float64 `json:"to_floor,omitempty"`
+	Max     *float64 `json:"max_kwok_floor,omitempty"`
+	ToMax   *float64 `json:"to_max,omitempty"`
+}
+
+// modeRatios are a mode's figureRatios by figure key (nil for kwok and the
+// floors).
+func modeRatios(results []runResult, r runResult) map[string]figureRatios {
+	if r.FloorOf != "" || r.Contender == contenderKWOK {
+		return nil
+	}
+	k, hasKWOK := kwokOf(results, r.N)
+	fl, hasFloor := resultOf(results, floorOf(r.Contender), r.N)
+	out := map[string]figureRatios{}
+	for _, f := range sideBySideFigures {
+		v := f.value(r)
+		var fr figureRatios
+		var refs []float64
+		if hasKWOK && f.ratio {
+			fr.ToKWOK = finite(ratio(v, f.value(k)))
+			refs = append(refs, f.value(k))
+		}
+		if hasFloor && f.floor {
+			fr.ToFloor = finite(ratio(v, f.value(fl)))
+			refs = append(refs, f.value(fl))
+		}
+		if len(refs) == 2 {
+			m := max(refs[0], refs[1])
+			fr.Max, fr.ToMax = &m, finite(ratio(v, m))
+		}
+		if fr != (figureRatios{}) {
+			out[f.key] = fr
+		}
+	}
+	return out
+}
+
+// finite is v, or nil when it is no number JSON can hold.
+func finite(v float64) *float64 {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return nil
+	}
+	return &v
+}
+
 // printRun prints one run's figures and breakdown as it finishes.
 func printRun(out io.Writer, r runResult) {
+	if r.FloorOf != "" {
+		fmt.Fprintf(out, "%s (Cluster API floor of %s, no Karpenter), %d nodes (infrastructure delay %.0fs, load %s): all Nodes Ready in %.1fs (p50 %.1fs), "+
+			"%d Machines with a providerID in %.1fs; back to 0 Nodes in %.1fs, 0 Machines in %.1fs; world CPU %.1fs; peak Nodes %d, Machines %d; Machines by zone %s; the run took %.0fs\n",
+			r.Contender, r.FloorOf, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.N, r.MachinesRunningS, r.NodesGoneS, r.ScaleDownS,
+			r.WorldCPUS, r.PeakNodes, r.PeakMachines, r.MachineZones, r.WallS)
+		printBreakdown(out, r)
+		return
+	}
 	fmt.Fprintf(out, "%s, %d pods (infrastructure delay %.0fs, load %s): all Running in %.1fs (pod start p50 %.1fs, p100 %.1fs), back to 0 in %.1fs; "+
-		"process CPU %.1fs, peak RSS %.0f MiB, writes/node hub %.2f spoke %.2f; world CPU %.1fs; peak NodeClaims %d, Nodes %d, Machines %d\n",
+		"process CPU %.1fs, peak RSS %.0f MiB, writes/node hub %.2f spoke %.2f; world CPU %.1fs; peak NodeClaims %d, Nodes %d, Machines %d; the run took %.0fs\n",
 		r.Contender, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.PodStartP100S, r.ScaleDownS,
-		r.CPUS, r.PeakRSSMiB, r.HubWritesPerNode, r.SpokeWritesPerNode, r.WorldCPUS, r.PeakNodeClaims, r.PeakNodes, r.PeakMachines)
+		r.CPUS, r.PeakRSSMiB, r.HubWritesPerNode, r.SpokeWritesPerNode, r.WorldCPUS, r.PeakNodeClaims, r.PeakNodes, r.PeakMachines, r.WallS)
 	fmt.Fprintf(out, "  NodeClaims created in waves (count@time after the Deployment): %s\n", r.ClaimWaves)
+	if r.MachineZones != "" {
+		fmt.Fprintf(out, "  Machines by zone: %s\n", r.MachineZones)
+	}
+	printBreakdown(out, r)
+}
+
+func printBreakdown(out io.Writer, r runResult) {
 	keys := make([]string, 0, len(r.Breakdown))
 	for k := range r.Breakdown {
 		keys = append(keys, k)
@@ -129,26 +236,35 @@ func printRun(out io.Writer, r runResult) {
 	}
 }
 
-// sideBySideFigures are the table's rows: label, value, whether a ratio to
-// kwok means something.
+// sideBySideFigures are the table's rows: JSON key, label, value, whether
+// a ratio to kwok means something, and whether a Cluster API floor has the
+// figure (it has no process, no pods: its times run to Nodes Ready).
 var sideBySideFigures = []struct {
+	key   string
 	label string
 	value func(runResult) float64
 	ratio bool
+	floor bool
 }{
-	{"N pods created -> all Running (s)", func(r runResult) float64 { return r.TotalS }, true},
-	{"pod start p50 (s)", func(r runResult) float64 { return r.PodStartP50S }, true},
-	{"pod start p100 (s)", func(r runResult) float64 { return r.PodStartP100S }, true},
-	{"scale-down to zero (s)", func(r runResult) float64 { return r.ScaleDownS }, true},
-	{"process CPU (s)", func(r runResult) float64 { return r.CPUS }, true},
-	{"process peak RSS (MiB)", func(r runResult) float64 { return r.PeakRSSMiB }, true},
-	{"writes/node to the hub", func(r runResult) float64 { return r.HubWritesPerNode }, false},
-	{"writes/node to the spoke", func(r runResult) float64 { return r.SpokeWritesPerNode }, true},
-	{"world CPU: API servers, CAPI, sims (s)", func(r runResult) float64 { return r.WorldCPUS }, true},
+	{"total_s", "N pods created -> all Running (s)", func(r runResult) float64 { return r.TotalS }, true, true},
+	{"pod_start_p50_s", "pod start p50 (s)", func(r runResult) float64 { return r.PodStartP50S }, true, true},
+	{"pod_start_p100_s", "pod start p100 (s)", func(r runResult) float64 { return r.PodStartP100S }, true, true},
+	{"nodes_ready_s", "start -> N Nodes Ready (s)", func(r runResult) float64 { return r.NodesReadyS }, true, true},
+	{"machines_running_s", "start -> N Machines with providerID (s)", func(r runResult) float64 { return r.MachinesRunningS }, false, true},
+	{"scale_down_s", "scale-down to zero (s)", func(r runResult) float64 { return r.ScaleDownS }, true, true},
+	{"nodes_gone_s", "scale-down to 0 Nodes (s)", func(r runResult) float64 { return r.NodesGoneS }, true, true},
+	{"cpu_s", "process CPU (s)", func(r runResult) float64 { return r.CPUS }, true, false},
+	{"peak_rss_mib", "process peak RSS (MiB)", func(r runResult) float64 { return r.PeakRSSMiB }, true, false},
+	{"hub_writes_per_node", "writes/node to the hub", func(r runResult) float64 { return r.HubWritesPerNode }, false, false},
+	{"spoke_writes_per_node", "writes/node to the spoke", func(r runResult) float64 { return r.SpokeWritesPerNode }, true, false},
+	{"world_cpu_s", "world CPU: API servers, CAPI, sims (s)", func(r runResult) float64 { return r.WorldCPUS }, true, true},
+	{"total_cpu_s", "CPU, process + world (s)", func(r runResult) float64 { return r.CPUS + r.WorldCPUS }, true, true},
 }
 
-// printSideBySide prints one table per N: a column per contender, with the
-// ratio to kwok in parentheses.
+// printSideBySide prints per N a table with a column per contender (the
+// ratio to kwok in parentheses; "-": the contender has no such figure),
+// then each mode's ratios to kwok, to its floor and to the larger of the
+// two. Each block ends with an empty line.
 func printSideBySide(out io.Writer, results []runResult) {
 	byN := map[int][]runResult{}
 	var ns []int
@@ -161,7 +277,7 @@ func printSideBySide(out io.Writer, results []runResult) {
 	for _, n := range ns {
 		rs := byN[n]
 		k, hasKWOK := kwokOf(results, n)
-		fmt.Fprintf(out, "\nside by side, N = %d (infrastructure delay %.0fs; load at start %s)\n", n, rs[0].DelayS, rs[0].LoadAvg)
+		fmt.Fprintf(out, "\nside by side, N = %d (infrastructure delay %.0fs; load at start %s; capi-*: Cluster API floors, no Karpenter, times to Nodes Ready)\n", n, rs[0].DelayS, rs[0].LoadAvg)
 		fmt.Fprintf(out, "%-40s", "figure")
 		for _, r := range rs {
 			fmt.Fprintf(out, " | %-20s", r.Contender)
@@ -171,15 +287,56 @@ func printSideBySide(out io.Writer, results []runResult) {
 		for _, f := range sideBySideFigures {
 			fmt.Fprintf(out, "%-40s", f.label)
 			for _, r := range rs {
-				cell := fmt.Sprintf("%.4g", f.value(r))
-				if hasKWOK && f.ratio && r.Contender != contenderKWOK {
-					cell += fmt.Sprintf(" (%.2fx)", ratio(f.value(r), f.value(k)))
+				cell := "-"
+				if (r.FloorOf == "" || f.floor) && !(f.key == "machines_running_s" && r.MachinesRunningS == 0) {
+					cell = fmt.Sprintf("%.4g", f.value(r))
+					if hasKWOK && f.ratio && r.Contender != contenderKWOK {
+						cell += fmt.Sprintf(" (%.2fx)", ratio(f.value(r), f.value(k)))
+					}
 				}
 				fmt.Fprintf(out, " | %-20s", cell)
 			}
 			fmt.Fprintln(out)
 		}
+		fmt.Fprintln(out)
+		printRatios(out, n, rs)
 	}
+}
+
+// printRatios prints the ratios block of one N (nothing without a mode).
+func printRatios(out io.Writer, n int, rs []runResult) {
+	var modes []runResult
+	for _, r := range rs {
+		if len(r.Ratios) > 0 {
+			modes = append(modes, r)
+		}
+	}
+	if len(modes) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "ratios, N = %d: each mode to kwok, to its Cluster API floor (machinedeployment: capi-md, machine: capi-machines), "+
+		"and to max(kwok, floor), what a provider overlapping Karpenter's decisions with Cluster API's work entirely would reach\n", n)
+	fmt.Fprintf(out, "%-40s | %-17s | %8s | %8s | %15s | %8s\n", "figure", "mode", "/kwok", "/floor", "max(kwok,floor)", "/max")
+	fmt.Fprintln(out, strings.Repeat("-", 40+3+17+3+8+3+8+3+15+3+8))
+	show := func(v *float64, format string) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf(format, *v)
+	}
+	for _, f := range sideBySideFigures {
+		label := f.label
+		for _, m := range modes {
+			fr, ok := m.Ratios[f.key]
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(out, "%-40s | %-17s | %8s | %8s | %15s | %8s\n", label, m.Contender,
+				show(fr.ToKWOK, "%.2fx"), show(fr.ToFloor, "%.2fx"), show(fr.Max, "%.4g"), show(fr.ToMax, "%.2fx"))
+			label = ""
+		}
+	}
+	fmt.Fprintln(out)
 }
 
 func ratio(a, b float64) float64 {

@@ -20,33 +20,56 @@ import (
 )
 
 // The side-by-side bench runs the same burst, in the same world, through
-// three contenders one after the other, each in a fresh process: Karpenter
-// with its own kwok provider (the floor: Nodes appear after a registration
-// delay, no infrastructure), and this provider in MachineDeployment mode and
-// in Machine mode (Cluster API's real controllers, the simulated EC2 whose
+// its contenders one after the other, each in a fresh process: Karpenter
+// with its own kwok provider (no infrastructure: Nodes appear after a
+// registration delay), and this provider in MachineDeployment mode and in
+// Machine mode (Cluster API's real controllers, the simulated EC2 whose
 // instances run after a provisioning delay equal to kwok's registration
 // delay). Same spoke, same kube-scheduler, same pods (N pause pods of
 // 1500m, one per m5.large node), same NodePool shape and core settings.
+//
+// Each mode has a Cluster API floor too (sidebyside_floor_test.go): no
+// Karpenter at all, the same fixtures given at once what the mode asks of
+// Cluster API over the burst (capi-md: the MachineDeployment scaled from 0
+// to N in one write; capi-machines: N Machines created as Machine mode
+// creates them). kwok is the floor of Karpenter's own decisions, the
+// Cluster API floor that of the infrastructure below the provider.
 
 const (
 	contenderKWOK              = "kwok"
 	contenderMachineDeployment = "machinedeployment"
 	contenderMachine           = "machine"
+	contenderFloorMD           = "capi-md"
+	contenderFloorMachines     = "capi-machines"
 	benchPrice                 = 0.096 // m5.large on demand, $/h
 )
 
-// runResult is one contender's burst of N pods and back to zero.
+// allContenders is the default order: each floor right before its mode.
+var allContenders = []string{contenderKWOK, contenderFloorMD, contenderMachineDeployment, contenderFloorMachines, contenderMachine}
+
+// runResult is one contender's burst of N pods and back to zero. A floor
+// (FloorOf set) has no pods and no process: its times run from its write
+// to Nodes Ready, "pod start" is each Node's time from the write to Ready,
+// and its process figures are 0.
 type runResult struct {
-	Contender string  `json:"contender"`
-	N         int     `json:"n"`
-	DelayS    float64 `json:"infra_delay_s"`
+	Contender string `json:"contender"`
+	// FloorOf is the mode a Cluster API floor is the floor of.
+	FloorOf string  `json:"floor_of,omitempty"`
+	N       int     `json:"n"`
+	DelayS  float64 `json:"infra_delay_s"`
 	// Pods: created -> Running, per pod (p50, p100), and from the
 	// Deployment's creation to the last pod Running (total).
 	PodStartP50S  float64 `json:"pod_start_p50_s"`
 	PodStartP100S float64 `json:"pod_start_p100_s"`
 	TotalS        float64 `json:"total_s"`
-	// Scale-down: Deployment to 0 -> no NodeClaim, Node or Machine left.
+	// From the start (the Deployment, or the floor's write) to N Nodes
+	// Ready, and to N Machines with a providerID (0: no Machines).
+	NodesReadyS      float64 `json:"nodes_ready_s"`
+	MachinesRunningS float64 `json:"machines_running_s,omitempty"`
+	// Scale-down: Deployment to 0 -> no NodeClaim, Node or Machine left;
+	// and to no Node left.
 	ScaleDownS float64 `json:"scale_down_s"`
+	NodesGoneS float64 `json:"nodes_gone_s"`
 	// The contender's process over the whole run (up and down).
 	CPUS               float64 `json:"cpu_s"`
 	PeakRSSMiB         float64 `json:"peak_rss_mib"`
@@ -62,9 +85,16 @@ type runResult struct {
 	// Where the time goes (seconds, p50/p100 over objects).
 	Breakdown map[string][2]float64 `json:"breakdown"`
 	// NodeClaims created by core's successive scheduling rounds: count@start.
-	ClaimWaves string   `json:"claim_waves"`
-	LoadAvg    string   `json:"load_avg"`
-	Profiles   []string `json:"profiles,omitempty"`
+	ClaimWaves string `json:"claim_waves"`
+	// MachineZones are the Machines per failure domain: "zone=count ...".
+	MachineZones string `json:"machine_zones,omitempty"`
+	LoadAvg      string `json:"load_avg"`
+	// WallS is what the run cost in wall time: setup, burst, scale-down.
+	WallS    float64  `json:"wall_s"`
+	Profiles []string `json:"profiles,omitempty"`
+	// Ratios of a mode's figures (by figure key) to kwok's, to its floor's
+	// and to the larger of the two (see modeRatios).
+	Ratios map[string]figureRatios `json:"ratios,omitempty"`
 }
 
 // contender sets up its pool and starts its process.
@@ -197,10 +227,24 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	r.TotalS = time.Since(start).Seconds()
 	starts := durations(tl.times("pod-created"), tl.times("pod-running"))
 	r.PodStartP50S, r.PodStartP100S = quantile(starts, 0.5), quantile(starts, 1)
+	// The Nodes were Ready before their pods ran. Cluster API copies the
+	// instances' providerIDs to the Machines on its own time (a launch
+	// returns on the instance's): that is waited for before the scale-down.
+	r.NodesReadyS = nth(sinceStart(start, tl.times("node-ready")), o.N)
+	if c.name != contenderKWOK {
+		if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) { return tl.count("machine-providerid") >= o.N, nil }); err != nil {
+			close(profDone)
+			tb.Fatalf("%s: %d Machines with a providerID: %v; %d (log %s)", c.name, o.N, err, tl.count("machine-providerid"), p.LogPath)
+		}
+		r.MachinesRunningS = nth(sinceStart(start, tl.times("machine-providerid")), o.N)
+	}
 
 	downStart := time.Now()
 	scaleDeployment(tb, d, 0)
 	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) {
+		if tl.now("node") == 0 && r.NodesGoneS == 0 {
+			r.NodesGoneS = time.Since(downStart).Seconds()
+		}
 		return tl.now("nodeclaim") == 0 && tl.now("node") == 0 && tl.now("machine") == 0, nil
 	}); err != nil {
 		close(profDone)
@@ -225,7 +269,17 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	r.HubWritesPerNode, r.SpokeWritesPerNode = hub/float64(o.N), (total-hub)/float64(o.N)
 	r.PeakNodeClaims, r.PeakNodes, r.PeakMachines = tl.peakOf("nodeclaim"), tl.peakOf("node"), tl.peakOf("machine")
 	r.Breakdown, r.ClaimWaves = breakdown(tl, start)
+	r.MachineZones = tl.zoneCounts()
 	return r
+}
+
+// nth is the n-th smallest of sorted values (the time the n-th object
+// reached a stage), 0 when fewer reached it.
+func nth(sorted []float64, n int) float64 {
+	if n <= 0 || len(sorted) < n {
+		return 0
+	}
+	return sorted[n-1]
 }
 
 // breakdown is where a run's time went, from the timeline.

@@ -30,10 +30,50 @@ type timeline struct {
 	stages map[string]map[string]time.Time // stage -> object -> first seen
 	live   map[string]map[string]bool      // kind -> objects that exist now
 	peak   map[string]int                  // kind -> most objects at once
+	// ids are the providerIDs of the pool's instances (a floor's Nodes
+	// carry no NodePool label: they are told by these).
+	ids map[string]bool
+	// zones are the failure domains of the pool's Machines: name -> zone.
+	zones map[string]string
 }
 
 func newTimeline() *timeline {
-	return &timeline{stages: map[string]map[string]time.Time{}, live: map[string]map[string]bool{}, peak: map[string]int{}}
+	return &timeline{stages: map[string]map[string]time.Time{}, live: map[string]map[string]bool{}, peak: map[string]int{},
+		ids: map[string]bool{}, zones: map[string]string{}}
+}
+
+// instance records a providerID of one of the pool's instances.
+func (t *timeline) instance(id string) {
+	if id == "" {
+		return
+	}
+	t.mu.Lock()
+	t.ids[id] = true
+	t.mu.Unlock()
+}
+
+// zoneCounts are the pool's Machines per failure domain: "zone=count ...".
+func (t *timeline) zoneCounts() string {
+	t.mu.Lock()
+	by := map[string]int{}
+	for _, z := range t.zones {
+		by[z]++
+	}
+	t.mu.Unlock()
+	keys := make([]string, 0, len(by))
+	for z := range by {
+		keys = append(keys, z)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, z := range keys {
+		name := z
+		if name == "" {
+			name = "(none)"
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d", name, by[z]))
+	}
+	return strings.Join(parts, " ")
 }
 
 func (t *timeline) mark(stage, key string) {
@@ -137,7 +177,6 @@ func (t *timeline) watch(ctx context.Context, c cache.Cache, kind string, obj cl
 // the NodePool in the spoke; the Machines (of the world's namespace) bound
 // to those NodeClaims and their AWSMachines on the hub.
 func (t *timeline) watchPool(ctx context.Context, hub, spoke cache.Cache, pool, app string) error {
-	claims := sync.Map{} // Machine name -> bound to one of the pool's NodeClaims
 	if err := t.watch(ctx, spoke, "pod", &corev1.Pod{}, func(o client.Object) (string, []string) {
 		p := o.(*corev1.Pod)
 		if p.Labels["app"] != app {
@@ -194,14 +233,25 @@ func (t *timeline) watchPool(ctx context.Context, hub, spoke cache.Cache, pool, 
 	if hub == nil {
 		return nil
 	}
+	return t.watchMachines(ctx, hub, pool)
+}
+
+// watchMachines records the pool's Machines (of the world's namespace) and
+// their AWSMachines on the hub, and the providerIDs of their instances.
+func (t *timeline) watchMachines(ctx context.Context, hub cache.Cache, pool string) error {
+	claims := sync.Map{} // infrastructure machine name -> its Machine is the pool's
 	if err := t.watch(ctx, hub, "machine", &clusterv1.Machine{}, func(o client.Object) (string, []string) {
 		m := o.(*clusterv1.Machine)
 		if m.Namespace != w.Namespace || !machineOfPool(m, pool) {
 			return "", nil
 		}
 		claims.Store(m.Spec.InfrastructureRef.Name, true)
+		t.mu.Lock()
+		t.zones[m.Name] = m.Spec.FailureDomain
+		t.mu.Unlock()
 		stages := []string{"machine-created"}
 		if m.Spec.ProviderID != "" {
+			t.instance(m.Spec.ProviderID)
 			stages = append(stages, "machine-providerid")
 		}
 		return m.Name, stages
@@ -214,10 +264,95 @@ func (t *timeline) watchPool(ctx context.Context, hub, spoke cache.Cache, pool, 
 			return "", nil
 		}
 		if am.Spec.ProviderID != nil && *am.Spec.ProviderID != "" {
+			t.instance(*am.Spec.ProviderID)
 			return am.Name, []string{"instance-providerid"}
 		}
 		return am.Name, nil
 	})
+}
+
+// watchInstanceNodes records every Node of the spoke by its providerID:
+// stages "instance-node-created", "instance-node-ready" and
+// "instance-node-gone". A floor's Nodes are those whose providerID is one
+// of the pool's instances (poolNodes): a Node may be seen before its
+// instance's providerID, so they are told apart when read, not when seen.
+func (t *timeline) watchInstanceNodes(ctx context.Context, spoke cache.Cache) error {
+	inf, err := spoke.GetInformer(ctx, &corev1.Node{})
+	if err != nil {
+		return err
+	}
+	seen := func(o any) {
+		n, ok := o.(*corev1.Node)
+		if !ok || n.Spec.ProviderID == "" {
+			return
+		}
+		t.mark("instance-node-created", n.Spec.ProviderID)
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				t.mark("instance-node-ready", n.Spec.ProviderID)
+			}
+		}
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, o any) { seen(o) },
+		DeleteFunc: func(o any) {
+			if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if n, ok := o.(*corev1.Node); ok && n.Spec.ProviderID != "" {
+				t.mark("instance-node-gone", n.Spec.ProviderID)
+			}
+		},
+	})
+	return err
+}
+
+// poolNodes returns one of watchInstanceNodes' stages for the Nodes of the
+// pool's instances.
+func (t *timeline) poolNodes(stage string) map[string]time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string]time.Time{}
+	for id, at := range t.stages[stage] {
+		if t.ids[id] {
+			out[id] = at
+		}
+	}
+	return out
+}
+
+// poolNodesNow is how many Nodes of the pool's instances exist now; peak
+// the most that existed at once.
+func (t *timeline) poolNodesNow() int {
+	return len(t.poolNodes("instance-node-created")) - len(t.poolNodes("instance-node-gone"))
+}
+
+func (t *timeline) poolNodesPeak() int {
+	type event struct {
+		at    time.Time
+		delta int
+	}
+	var events []event
+	for _, at := range t.poolNodes("instance-node-created") {
+		events = append(events, event{at, 1})
+	}
+	for _, at := range t.poolNodes("instance-node-gone") {
+		events = append(events, event{at, -1})
+	}
+	// A Node gone at the instant another appears counts once.
+	sort.Slice(events, func(i, j int) bool {
+		if events[i].at.Equal(events[j].at) {
+			return events[i].delta < events[j].delta
+		}
+		return events[i].at.Before(events[j].at)
+	})
+	cur, peak := 0, 0
+	for _, e := range events {
+		cur += e.delta
+		peak = max(peak, cur)
+	}
+	return peak
 }
 
 // watchRunning keeps the live set "pod-running": app's pods Running, Ready
