@@ -41,9 +41,15 @@ type writer struct {
 	// onError, when set, is told of each failed write.
 	onError func(error)
 
+	// timeout bounds one write once it holds the lock (writeTimeout when 0).
+	timeout time.Duration
+
 	mu     sync.Mutex
 	queues map[types.NamespacedName]*writeQueue
 }
+
+// writeTimeout bounds one write (its reads, its conflicts and the patch).
+const writeTimeout = 30 * time.Second
 
 type writeQueue struct {
 	intents []*queued
@@ -104,8 +110,14 @@ func (w *writer) drain(key types.NamespacedName, q *writeQueue) {
 		for i, x := range batch {
 			intents[i] = x.in
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// The write's time starts once it holds the lock: a pass that
+		// holds it is no reason for the write to fail.
 		unlock := w.locks.lock(key)
+		timeout := w.timeout
+		if timeout == 0 {
+			timeout = writeTimeout
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		err := w.write(ctx, key, intents)
 		unlock()
 		cancel()

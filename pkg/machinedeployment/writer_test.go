@@ -258,3 +258,32 @@ func TestWriterKeepsFieldsItDoesNotKnow(t *testing.T) {
 		t.Fatalf("after the raise: spec.futureField %q, replicas %d; want \"kept\" and 2", v, replicas)
 	}
 }
+
+// A raise that waits for the MachineDeployment's lock (a pass holds it)
+// longer than a write may take is written once it holds the lock: the
+// write's time starts there. Before, the wait used up the write's timeout
+// and the raise failed as if the hub were unreachable (bench-1000: raises
+// of a burst retried one by one, 40-50 s apart).
+func TestARaiseWaitingForTheLockIsWrittenOnceItHoldsIt(t *testing.T) {
+	key := newMD(t, "lockwait", 0)
+	w := newWriter(hubEnv.Client)
+	w.timeout = 2 * time.Second
+	unlock := w.locks.lock(key)
+	released := make(chan struct{})
+	go func() {
+		time.Sleep(3 * w.timeout) // a long pass
+		unlock()
+		close(released)
+	}()
+	in := &intent{kind: intentReserve, claim: "nc-lockwait"}
+	if err := w.do(context.Background(), key, in); err != nil {
+		t.Fatalf("the raise failed after waiting for the lock: %v", err)
+	}
+	<-released
+	if in.err != nil || !in.raised {
+		t.Fatalf("the raise was not made: err %v, raised %v", in.err, in.raised)
+	}
+	if got := *getMD(t, key).Spec.Replicas; got != 1 {
+		t.Fatalf("replicas %d, want 1", got)
+	}
+}
