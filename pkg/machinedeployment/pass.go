@@ -70,11 +70,13 @@ const (
 // by a live read (an error is never taken as gone).
 func (c *Controller) claimState(ctx context.Context, name string, live bool) claimState {
 	nc := &karpv1.NodeClaim{}
-	r := c.spoke
+	var err error
 	if live {
-		r = c.spokeAPI
+		err = c.spokeAPI.Get(ctx, types.NamespacedName{Name: name}, nc)
+	} else {
+		// Read, never changed: the cache's own copy.
+		err = c.spoke.Get(ctx, types.NamespacedName{Name: name}, nc, client.UnsafeDisableDeepCopy)
 	}
-	err := r.Get(ctx, types.NamespacedName{Name: name}, nc)
 	if apierrors.IsNotFound(err) && !live {
 		return c.claimState(ctx, name, true)
 	}

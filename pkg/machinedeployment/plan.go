@@ -144,6 +144,7 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 	for _, in := range intents { // a retry after a conflict decides afresh
 		in.err, in.done, in.raised, in.took, in.atMin = nil, false, false, "", false
 	}
+	v.free = onceEach(v.free)
 	out := outcome{recs: records{owned: recs.owned, hasOwned: recs.hasOwned, pending: map[string]time.Time{}}}
 	r0 := ptr.Deref(md.Spec.Replicas, 0)
 	r := r0
@@ -336,6 +337,25 @@ func eligibleExists(v view, at time.Time) bool {
 
 // oldestFree returns the oldest reservation whose NodeClaim is free (gone
 // or terminating), other than for, or "".
+// onceEach asks free at most once per NodeClaim within one plan: a batch
+// of reservations asks for the oldest free one per intent, and the answer
+// does not change within one decision (bench-1000: one NodeClaim read per
+// reservation per intent was most of the provider's own CPU).
+func onceEach(free func(string) bool) func(string) bool {
+	if free == nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	return func(claim string) bool {
+		v, ok := seen[claim]
+		if !ok {
+			v = free(claim)
+			seen[claim] = v
+		}
+		return v
+	}
+}
+
 func oldestFree(pending map[string]time.Time, free func(string) bool, for_ string) string {
 	best := ""
 	for k, at := range pending {

@@ -228,3 +228,34 @@ func TestAnOlderVersionsRecordsAreMerged(t *testing.T) {
 		t.Fatal("released-machines kept")
 	}
 }
+
+// A write of a burst's reservations asks whether each reservation's
+// NodeClaim is gone once, not once per intent: at 1 000 NodeClaims the
+// question (a NodeClaim read) asked for every reservation by every
+// reservation of a batch was most of the provider's own CPU (bench-1000).
+func TestABatchAsksAboutEachNodeClaimOnce(t *testing.T) {
+	pending := map[string]time.Time{}
+	for i := 0; i < 300; i++ {
+		pending[fmt.Sprintf("open-%d", i)] = t0
+	}
+	md := planMD(300, 300, pending)
+	recs, err := readRecords(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := map[string]int{}
+	free := func(c string) bool { asked[c]++; return false }
+	var intents []*intent
+	for i := 0; i < 100; i++ {
+		intents = append(intents, &intent{kind: intentReserve, claim: fmt.Sprintf("new-%d", i)})
+	}
+	out := plan(md, recs, view{free: free}, intents)
+	if out.replicas != 400 {
+		t.Fatalf("replicas %d, want 400 (100 raises, no free reservation to take)", out.replicas)
+	}
+	for c, n := range asked {
+		if n > 1 {
+			t.Fatalf("asked %d times whether NodeClaim %s is gone in one write, want once", n, c)
+		}
+	}
+}

@@ -361,7 +361,7 @@ func (p *Provider) claimFree(ctx context.Context, claim string) bool {
 		return false
 	}
 	nc := &karpv1.NodeClaim{}
-	if err := p.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc); !apierrors.IsNotFound(err) {
+	if err := p.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc, client.UnsafeDisableDeepCopy); !apierrors.IsNotFound(err) {
 		return false
 	}
 	return apierrors.IsNotFound(p.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc))
