@@ -37,7 +37,8 @@ const (
 	// settleBound is how long the pools may take to settle once faults stop.
 	settleBound = 6 * time.Minute
 	// rssGrowth is how much a replica's RSS may grow between 2 minutes
-	// after its start and the end, for replicas that ran 10 minutes or more.
+	// after it first led and the end, for replicas that ran 10 minutes or
+	// more from then.
 	rssGrowth = 1.5
 	// excessTolerance is how long a pool may have more live Machines than
 	// NodeClaims (see ha.Sampler.Tolerance): the provider's OrphanGrace
