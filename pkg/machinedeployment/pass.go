@@ -205,10 +205,18 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 		return open[i].claim < open[j].claim
 	})
 
-	// overBudget reports (and requeues for) a pass that has held the lock
-	// for passBudget: no more writes to Machines in this pass.
+	// overBudget reports (and requeues for) a pass that has spent
+	// passBudget on writes to Machines: no more of them in this pass. The
+	// budget starts at the pass's first such write, which it always
+	// makes: reads before it (many of them live when NodeClaims are gone)
+	// never keep a pass from progressing.
+	var writesFrom time.Time
 	overBudget := func() bool {
-		if p.now().Sub(now) < passBudget {
+		if writesFrom.IsZero() {
+			writesFrom = p.now()
+			return false
+		}
+		if p.now().Sub(writesFrom) < passBudget {
 			return false
 		}
 		later(passBudgetRequeue)

@@ -18,6 +18,22 @@ import (
 // pass run out of budget after its first bind, and six reservations are
 // bound over several short passes, none lost.
 func TestAPassStopsAtItsBudgetAndBindsTheRestInTheNext(t *testing.T) {
+	bindsOverPasses(t, 600*time.Millisecond, 2)
+}
+
+// A pass whose reads alone take longer than its budget (live reads of
+// NodeClaims that are gone, at 1 000 NodeClaims under load) still binds:
+// the budget starts at its first write, which every pass makes. Timed
+// from the pass's start, no pass bound anything after a burst's launch
+// timeouts (bench-1000, 217 Machines left unbound).
+func TestAPassWhoseReadsOutlastItsBudgetStillBinds(t *testing.T) {
+	bindsOverPasses(t, 5*time.Second, 1)
+}
+
+// bindsOverPasses makes six reservations and their Machines and runs
+// passes with a clock that moves by tick each time the provider reads it,
+// until all are bound; each pass must bind at least one and at most most.
+func bindsOverPasses(t *testing.T, tick time.Duration, most int) {
 	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
 	w.stalled["cheap"] = true
 	var claims []string
@@ -44,7 +60,7 @@ func TestAPassStopsAtItsBudgetAndBindsTheRestInTheNext(t *testing.T) {
 		return n
 	}
 
-	w.provider.SetClock(func() time.Time { w.now = w.now.Add(600 * time.Millisecond); return w.now })
+	w.provider.SetClock(func() time.Time { w.now = w.now.Add(tick); return w.now })
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "cheap"}}
 	passes := 0
 	for boundCount() < len(claims) && passes < 20 {
@@ -54,8 +70,8 @@ func TestAPassStopsAtItsBudgetAndBindsTheRestInTheNext(t *testing.T) {
 			t.Fatalf("pass %d: %v", passes, err)
 		}
 		passes++
-		if got := boundCount() - before; got > 2 {
-			t.Fatalf("pass %d bound %d Machines, want at most 2 within its budget", passes, got)
+		if got := boundCount() - before; got > most || got < 1 {
+			t.Fatalf("pass %d bound %d Machines, want 1 to %d within its budget", passes, got, most)
 		}
 		if boundCount() < len(claims) && (res.RequeueAfter <= 0 || res.RequeueAfter > 100*time.Millisecond) {
 			t.Fatalf("pass %d stopped with %d of %d bound and asked to come back after %v, want at once", passes, boundCount(), len(claims), res.RequeueAfter)
