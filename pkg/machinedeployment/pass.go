@@ -72,7 +72,10 @@ func (c *Controller) claimState(ctx context.Context, name string, live bool) cla
 	nc := &karpv1.NodeClaim{}
 	var err error
 	if live {
-		err = c.spokeAPI.Get(ctx, types.NamespacedName{Name: name}, nc)
+		if c.provider.gone.confirmed(name) {
+			return claimGone
+		}
+		err = c.provider.gone.readLive(ctx, c.spokeAPI, name, nc)
 	} else {
 		// Read, never changed: the cache's own copy.
 		err = c.spoke.Get(ctx, types.NamespacedName{Name: name}, nc, client.UnsafeDisableDeepCopy)

@@ -62,6 +62,8 @@ type Provider struct {
 	after func(time.Duration) <-chan time.Time
 	// wake, when set, queues a MachineDeployment for the controller.
 	wake func(types.NamespacedName)
+	// gone caches live reads that found a NodeClaim gone (see goneClaims).
+	gone goneClaims
 }
 
 // NewProvider returns the MachineDeployment mode provider.
@@ -78,6 +80,7 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		after:       time.After,
 	}
 	p.barrier.now = func() time.Time { return p.now() }
+	p.gone.now = func() time.Time { return p.now() }
 	p.writer = &writer{
 		client: h.GetClient(), cache: h.GetCache(), live: h.GetAPIReader(), locks: &p.locks,
 		free: p.claimFree,
@@ -364,5 +367,8 @@ func (p *Provider) claimFree(ctx context.Context, claim string) bool {
 	if err := p.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc, client.UnsafeDisableDeepCopy); !apierrors.IsNotFound(err) {
 		return false
 	}
-	return apierrors.IsNotFound(p.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc))
+	if p.gone.confirmed(claim) {
+		return true
+	}
+	return apierrors.IsNotFound(p.gone.readLive(ctx, p.spokeAPI, claim, nc))
 }
