@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes/scheme"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -265,14 +264,7 @@ func runFloor(tb testing.TB, f floor, o benchOptions) runResult {
 	writes := f.setup(tb, ctx, pool, o.N)
 	defer writes.cleanup()
 
-	hubCache, err := cache.New(w.Hub.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	spokeCache, err := cache.New(w.Spoke.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	hubCache, spokeCache := worldCaches(tb)
 	tl := newTimeline()
 	if err := tl.watchMachines(ctx, hubCache, pool); err != nil {
 		tb.Fatal(err)

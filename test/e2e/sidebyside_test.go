@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes/scheme"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -184,14 +182,7 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 		tb.Fatalf("%s: metrics endpoint: %v (log %s)", c.name, err, p.LogPath)
 	}
 
-	hubCache, err := cache.New(w.Hub.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	spokeCache, err := cache.New(w.Spoke.Config, cache.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	hubCache, spokeCache := worldCaches(tb)
 	tl := newTimeline()
 	if err := tl.watchPool(ctx, hubCache, spokeCache, pool, app); err != nil {
 		tb.Fatal(err)
