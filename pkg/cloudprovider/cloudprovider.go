@@ -46,14 +46,15 @@ type CloudProvider struct {
 	events events.Recorder
 	// extraRepair are the repair policies of --repair-conditions.
 	extraRepair []cloudprovider.RepairPolicy
-	// live reads a NodeClaim from the workload cluster's API server when
-	// the cache does not show it (nil: the cache's NotFound proves nothing).
+	// live reads from the workload cluster's API server what Create must
+	// not take from a lagging cache: the NodeClass it launches from, and a
+	// NodeClaim the cache does not show (nil: the cache decides).
 	live client.Reader
 }
 
-// ReadNodeClaimsLiveWith makes Create read a NodeClaim its cache does not
-// show from the API server: gone there, it is not launched.
-func (c *CloudProvider) ReadNodeClaimsLiveWith(r client.Reader) { c.live = r }
+// ReadLiveWith makes Create read its NodeClass from the API server, and a
+// NodeClaim its cache does not show: gone there, it is not launched.
+func (c *CloudProvider) ReadLiveWith(r client.Reader) { c.live = r }
 
 // WaitForHubWith makes Create wait out an unreachable hub, up to
 // hubOutageWait, rather than fail at once: core backs off a failed launch
@@ -102,7 +103,7 @@ func (c *CloudProvider) modeOf(m *clusterv1.Machine) launch.Mode {
 // Create launches a Machine for the NodeClaim and returns the NodeClaim
 // with its providerID, labels and resources, once the Machine has one.
 func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim) (*karpv1.NodeClaim, error) {
-	nodeClass, err := c.nodeClass(ctx, nodeClaim.Spec.NodeClassRef)
+	nodeClass, err := c.launchNodeClass(ctx, nodeClaim.Spec.NodeClassRef)
 	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("resolving NodeClass of NodeClaim %s: %w", nodeClaim.Name, err))
@@ -316,6 +317,28 @@ func (c *CloudProvider) GetInstanceTypes(ctx context.Context, nodePool *karpv1.N
 		return nil, err
 	}
 	return set.InstanceTypes, nil
+}
+
+// launchNodeClass is the NodeClass Create launches from: as the API server
+// has it, when a live reader is set. Both of Create's answers about the
+// NodeClass delete the NodeClaim (not found, not Ready) or launch a node
+// (Ready), so they follow the latest write, not a cache that lags under
+// load: Karpenter's own suite marks a NodeClass not Ready and at once
+// creates a NodeClaim for it, which the cache's Ready copy launched (CI at
+// 2be245f). A live read that fails is no answer: the cache's copy decides.
+func (c *CloudProvider) launchNodeClass(ctx context.Context, ref *karpv1.NodeClassReference) (*v1alpha1.ClusterAPINodeClass, error) {
+	cached, err := c.nodeClass(ctx, ref)
+	if c.live == nil || ref == nil {
+		return cached, err
+	}
+	live := &v1alpha1.ClusterAPINodeClass{}
+	switch liveErr := c.live.Get(ctx, types.NamespacedName{Name: ref.Name}, live); {
+	case liveErr == nil:
+		return live, nil
+	case apierrors.IsNotFound(liveErr):
+		return nil, liveErr
+	}
+	return cached, err
 }
 
 func (c *CloudProvider) nodeClass(ctx context.Context, ref *karpv1.NodeClassReference) (*v1alpha1.ClusterAPINodeClass, error) {

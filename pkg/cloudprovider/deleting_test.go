@@ -50,7 +50,7 @@ func TestCreateRefusesANodeClaimBeingDeleted(t *testing.T) {
 	// not when it is gone there too (core's reconcile on a stale copy,
 	// conformance run H).
 	fresh := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fresh", UID: "u4", CreationTimestamp: created}}
-	c.ReadNodeClaimsLiveWith(fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(fresh.DeepCopy(), deleting.DeepCopy()).Build())
+	c.ReadLiveWith(fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(fresh.DeepCopy(), deleting.DeepCopy()).Build())
 	if err := c.notDeleting(ctx, fresh); err != nil {
 		t.Errorf("NodeClaim the cache does not show yet, in the API server: %v", err)
 	}

@@ -151,7 +151,7 @@ func (o *Operator) Run(ctx context.Context) {
 	mProvider := lo.Must(machine.NewProvider(ctx, o.Hub, machines, catalogue))
 	undecorated := cloudprovider.New(o.GetClient(), managed, machines, mdProvider.Mode(), mProvider.Mode())
 	undecorated.WaitForHubWith(o.Hub.Reachability.Wait)
-	undecorated.ReadNodeClaimsLiveWith(o.GetAPIReader())
+	undecorated.ReadLiveWith(o.GetAPIReader())
 	undecorated.RecordEventsWith(o.EventRecorder)
 	if opts := options.FromContext(ctx); opts != nil {
 		undecorated.RepairAlso(opts.RepairConditions)

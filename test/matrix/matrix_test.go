@@ -47,6 +47,9 @@ type target struct {
 	cluster string
 	spoke   client.Client
 	cp      *cloudprovider.CloudProvider
+	// cache is the provider's view of the workload cluster: core creates a
+	// NodeClaim only for a NodeClass Ready in that view.
+	cache client.Reader
 }
 
 var (
@@ -84,12 +87,12 @@ func run(m *testing.M) int {
 		spoke   *environment.Cluster
 		cluster string
 	}{{&zoned, "zoned", w.Spoke, w.ClusterName}, {&zoneless, "zoneless", wc.Spoke, zonelessCluster}} {
-		cp, err := startProvider(ctx, w.Hub.Config, t.spoke.Config, w.Namespace, t.cluster)
+		cp, cache, err := startProvider(ctx, w.Hub.Config, t.spoke.Config, w.Namespace, t.cluster)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "starting the provider for", t.cluster, err)
 			return 1
 		}
-		*t.into = &target{cluster: t.cluster, spoke: t.spoke.Client, cp: cp}
+		*t.into = &target{cluster: t.cluster, spoke: t.spoke.Client, cp: cp, cache: cache}
 	}
 	code := m.Run()
 	if code != 0 {
@@ -300,18 +303,25 @@ func createSources(t *testing.T, c Case, tg *target) {
 	}
 }
 
+// waitReady waits until the NodeClass is Ready in the API server and in the
+// provider's cache: core creates NodeClaims from its cache's view, and
+// Create reads the same cache (CI at 2be245f: Create saw the status before
+// Ready, moments after the API server had it Ready).
 func waitReady(t *testing.T, tg *target, name string) {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	nc := &v1alpha1.ClusterAPINodeClass{}
+	ready := func(r client.Reader) bool {
+		return r.Get(context.Background(), client.ObjectKey{Name: name}, nc) == nil &&
+			nc.StatusConditions().Get(status.ConditionReady).IsTrue()
+	}
 	for time.Now().Before(deadline) {
-		if err := tg.spoke.Get(context.Background(), client.ObjectKey{Name: name}, nc); err == nil &&
-			nc.StatusConditions().Get(status.ConditionReady).IsTrue() {
+		if ready(tg.spoke) && ready(tg.cache) {
 			return
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Fatalf("NodeClass %s not Ready: %+v", name, nc.Status.Conditions)
+	t.Fatalf("NodeClass %s not Ready (in the API server and the provider's cache): %+v", name, nc.Status.Conditions)
 }
 
 // waitOfferings polls GetInstanceTypes until its offerings are the
@@ -402,7 +412,7 @@ func create(t *testing.T, tg *target, c Case) *karpv1.NodeClaim {
 		}
 		var ce *corecloudprovider.CreateError
 		if !errors.As(err, &ce) && !strings.Contains(err.Error(), "launching") && !transient(err) || time.Now().After(deadline) {
-			t.Fatalf("Create: %v", err)
+			t.Fatalf("Create: %v (NodeClass conditions: %s)", err, conditionsOf(tg, c.Name()))
 		}
 		if transient(err) {
 			// Core retries a Create that failed on a slow hub; so does
@@ -488,4 +498,18 @@ func strptr(s string) *string { return &s }
 // decision of the provider's: Karpenter core retries such a Create.
 func transient(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err)
+}
+
+// conditionsOf says what the NodeClass's conditions are now, for a failure
+// message: a NodeClass that stops being Ready says why in them.
+func conditionsOf(tg *target, name string) string {
+	nc := &v1alpha1.ClusterAPINodeClass{}
+	if err := tg.spoke.Get(context.Background(), client.ObjectKey{Name: name}, nc); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, c := range nc.Status.Conditions {
+		out = append(out, fmt.Sprintf("%s=%s %s: %q (%s)", c.Type, c.Status, c.Reason, c.Message, c.LastTransitionTime.Format(time.RFC3339)))
+	}
+	return strings.Join(out, "; ")
 }
