@@ -68,6 +68,7 @@ func startProvider(ctx context.Context, hubConfig, spokeConfig *rest.Config, nam
 		return nil, nil, err
 	}
 	cp := cloudprovider.New(mgr.GetClient(), managed, machines, md.Mode(), mm.Mode())
+	cp.ReadLiveWith(mgr.GetAPIReader())
 	for _, c := range controllers.NewControllers(mgr.GetClient(), mgr.GetAPIReader(), h, store, md, mm, machines, zones, false) {
 		if err := c.Register(ctx, mgr); err != nil {
 			return nil, nil, fmt.Errorf("registering %T: %w", c, err)
