@@ -35,11 +35,57 @@ type timeline struct {
 	ids map[string]bool
 	// zones are the failure domains of the pool's Machines: name -> zone.
 	zones map[string]string
+	// notDeleting are the Machines and NodeClaims that exist without a
+	// deletionTimestamp; surplus is the most Machines beyond NodeClaims
+	// among them seen while counting (countSurplus: the scale-up).
+	notDeleting map[string]map[string]bool
+	surplus     int
+	surplusOn   bool
 }
 
 func newTimeline() *timeline {
 	return &timeline{stages: map[string]map[string]time.Time{}, live: map[string]map[string]bool{}, peak: map[string]int{},
-		ids: map[string]bool{}, zones: map[string]string{}}
+		ids: map[string]bool{}, zones: map[string]string{}, notDeleting: map[string]map[string]bool{}}
+}
+
+// countSurplus starts or stops recording Machines beyond NodeClaims: from
+// the burst to the scale-down (whose NodeClaims go first, on purpose).
+func (t *timeline) countSurplus(on bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.surplusOn = on
+}
+
+// surplusPeak is the most Machines (not deleting) beyond NodeClaims (not
+// deleting) seen while counting.
+func (t *timeline) surplusPeak() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.surplus
+}
+
+// deleting records whether one of the pool's Machines or NodeClaims is
+// being deleted (gone: exists(kind, key, false)).
+func (t *timeline) deleting(kind, key string, deleting bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.setNotDeleting(kind, key, !deleting)
+}
+
+func (t *timeline) setNotDeleting(kind, key string, on bool) {
+	m := t.notDeleting[kind]
+	if m == nil {
+		m = map[string]bool{}
+		t.notDeleting[kind] = m
+	}
+	if on {
+		m[key] = true
+	} else {
+		delete(m, key)
+	}
+	if t.surplusOn {
+		t.surplus = max(t.surplus, len(t.notDeleting["machine"])-len(t.notDeleting["nodeclaim"]))
+	}
 }
 
 // instance records a providerID of one of the pool's instances.
@@ -101,6 +147,7 @@ func (t *timeline) exists(kind, key string, present bool) {
 		m[key] = true
 	} else {
 		delete(m, key)
+		t.setNotDeleting(kind, key, false)
 	}
 	t.peak[kind] = max(t.peak[kind], len(m))
 }
@@ -201,6 +248,7 @@ func (t *timeline) watchPool(ctx context.Context, hub, spoke cache.Cache, pool, 
 		if nc.Labels[karpv1.NodePoolLabelKey] != pool {
 			return "", nil
 		}
+		t.deleting("nodeclaim", nc.Name, !nc.DeletionTimestamp.IsZero())
 		stages := []string{"claim-created"}
 		if nc.Status.ProviderID != "" {
 			stages = append(stages, "claim-launched")
@@ -246,6 +294,7 @@ func (t *timeline) watchMachines(ctx context.Context, hub cache.Cache, pool stri
 			return "", nil
 		}
 		claims.Store(m.Spec.InfrastructureRef.Name, true)
+		t.deleting("machine", m.Name, !m.DeletionTimestamp.IsZero())
 		t.mu.Lock()
 		t.zones[m.Name] = m.Spec.FailureDomain
 		t.mu.Unlock()
