@@ -159,11 +159,19 @@ func (c *Controller) Register(_ context.Context, m manager.Manager) error {
 		Complete(c)
 }
 
-// nodeClaimHandler queues the MachineDeployments holding a reservation for
-// a NodeClaim that is deleted.
+// nodeClaimHandler wakes the Launch of a NodeClaim whose deletion begins
+// or ends (it stops waiting: no Machine is bound to a NodeClaim being
+// deleted), and queues the MachineDeployments holding a reservation for a
+// NodeClaim that is deleted.
 func (c *Controller) nodeClaimHandler() handler.TypedEventHandler[*karpv1.NodeClaim, reconcile.Request] {
 	return handler.TypedFuncs[*karpv1.NodeClaim, reconcile.Request]{
+		UpdateFunc: func(_ context.Context, e event.TypedUpdateEvent[*karpv1.NodeClaim], _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if e.ObjectOld.DeletionTimestamp.IsZero() && !e.ObjectNew.DeletionTimestamp.IsZero() {
+				c.provider.waiters.Notify(e.ObjectNew.Name)
+			}
+		},
 		DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*karpv1.NodeClaim], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			c.provider.waiters.Notify(e.Object.Name)
 			mds := &clusterv1.MachineDeploymentList{}
 			if err := c.provider.hub.GetCache().List(ctx, mds, client.MatchingFields{hub.IndexMachineDeploymentPendingClaim: e.Object.Name}); err != nil {
 				return // the MachineDeployment's own requeue finds it gone later

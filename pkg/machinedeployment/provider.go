@@ -34,6 +34,13 @@ var ErrMachineGone = launch.ErrMachineGone
 // ErrStillLaunching is returned when no providerID arrived within the wait.
 var ErrStillLaunching = launch.ErrStillLaunching
 
+// ErrNodeClaimDeleted is Launch's answer once its NodeClaim is being
+// deleted or is gone: no Machine is ever bound to such a NodeClaim (the
+// binding rule), so nothing is left to wait for, and core lets the
+// NodeClaim go only after Create returns. Its reservation stays until the
+// NodeClaim is gone; then the next NodeClaim takes it or it is given back.
+var ErrNodeClaimDeleted = errors.New("being deleted: launch abandoned")
+
 // Provider implements MachineDeployment mode: Launch reserves a replica
 // through the writer and waits for the controller to bind the Machine the
 // MachineSet makes; Release marks the Machine and lowers its replica.
@@ -211,6 +218,11 @@ func (p *Provider) reservedOn(ctx context.Context, claim string) (*types.Namespa
 	return nil, nil
 }
 
+// waitForProviderID waits until the Machine bound to the claim has a
+// providerID (or its infrastructure reports a failure). It stops at once,
+// with ErrNodeClaimDeleted, when the NodeClaim is being deleted or gone
+// (the NodeClaim watch wakes it), and with ErrStillLaunching after
+// LaunchWait.
 func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {
 	deadline := p.after(p.LaunchWait)
 	var wokeAt time.Time // when the last Machine event woke us
@@ -254,6 +266,10 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 				failpoint.Crash(StepLaunched)
 				return m, nil
 			}
+		}
+		if p.claimLeaving(ctx, claim) {
+			p.waiters.Forget(claim, ch)
+			return nil, fmt.Errorf("NodeClaim %s: %w", claim, ErrNodeClaimDeleted)
 		}
 		select {
 		case <-ch:
@@ -327,10 +343,13 @@ func (p *Provider) boundTo(m *clusterv1.Machine, claim string) bool {
 	return m != nil && m.DeletionTimestamp.IsZero() && !markedByUs(m) && p.machines.Owned(m) && m.Annotations[v1alpha1.NodeClaimAnnotation] == claim
 }
 
-// NodeClaimDeleted is told of a NodeClaim's deletion (the NodeClaim watch):
-// the MachineDeployments that reserved for it look again at once, so that
-// its reservation is free for the next NodeClaim without waiting.
+// NodeClaimDeleted is told of a NodeClaim's deletion (the NodeClaim watch),
+// begun (its deletionTimestamp set) or ended (gone): a Launch waiting for
+// it stops (ErrNodeClaimDeleted), and the MachineDeployments that reserved
+// for it look again at once, so that its reservation is free for the next
+// NodeClaim without waiting once it is gone.
 func (p *Provider) NodeClaimDeleted(claim string) {
+	p.waiters.Notify(claim)
 	if p.wake == nil {
 		return
 	}
@@ -353,6 +372,24 @@ func (p *Provider) MachineDeleted(ctx context.Context, m *clusterv1.Machine) err
 	}
 	return p.writer.do(ctx, types.NamespacedName{Namespace: m.Namespace, Name: md},
 		&intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
+}
+
+// claimLeaving reports whether the NodeClaim is being deleted (the spoke
+// cache shows its deletionTimestamp) or gone (claimFree: the cache and a
+// live read say NotFound). No spoke reader, or a read error, is no proof:
+// false.
+func (p *Provider) claimLeaving(ctx context.Context, claim string) bool {
+	if p.spoke == nil {
+		return false
+	}
+	nc := &karpv1.NodeClaim{}
+	switch err := p.spoke.Get(ctx, types.NamespacedName{Name: claim}, nc, client.UnsafeDisableDeepCopy); {
+	case err == nil:
+		return !nc.DeletionTimestamp.IsZero()
+	case apierrors.IsNotFound(err):
+		return p.claimFree(ctx, claim)
+	}
+	return false
 }
 
 // claimFree reports whether a reservation's NodeClaim is gone: the cache

@@ -308,7 +308,8 @@ func (w *world) timeOut(name string) {
 	w.deleted(name)
 }
 
-// deleted is the provider's NodeClaim watch reporting a deletion.
+// deleted is the provider's NodeClaim watch reporting a deletion (begun:
+// the deletionTimestamp set, or ended: the NodeClaim gone).
 func (w *world) deleted(name string) {
 	w.provider.NodeClaimDeleted(name)
 }
@@ -361,8 +362,9 @@ func (w *world) startDeleting(name string) {
 	}
 	c.deleting = true
 	w.acting.Store(true)
-	defer w.acting.Store(false)
 	w.must(client.IgnoreNotFound(w.spoke.Delete(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: name}})))
+	w.acting.Store(false)
+	w.deleted(name) // the provider's NodeClaim watch sees the deletion begin
 }
 
 // gone is core's finalizer letting the NodeClaim go.
