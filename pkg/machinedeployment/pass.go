@@ -296,12 +296,26 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 					continue
 				}
 			}
-			// Its give-back is done (or void) and the MachineSet keeps it:
-			// the mark is stale, and would hold back handing spares over.
+			// Its give-back is done (or void) and the MachineSet keeps it
+			// (it was short of its replicas, or someone raised them): the
+			// mark would hold back handing spares over. A reservation it
+			// was made for still open takes it (unmarked, it is eligible);
+			// for none, it stands in a replica that a later raise is waiting
+			// for and can never serve (made before that raise): deleted, as
+			// a released Machine is (7. Kept), the MachineSet makes the
+			// raise's Machine.
 			if settled(cnt, r) && since("kept/"+m.Name) >= keptGrace {
-				if err := p.unmark(ctx, m); err != nil {
+				if servesOpen(open, m) {
+					if err := p.unmark(ctx, m); err != nil {
+						return 0, err
+					}
+					continue
+				}
+				log.FromContext(ctx).Info("deleting a Machine given back that its MachineSet kept", "Machine", client.ObjectKeyFromObject(m))
+				if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
 					return 0, err
 				}
+				metrics.OrphansReleased.WithLabelValues("kept").Inc()
 			} else {
 				later(keptGrace)
 			}
@@ -414,6 +428,17 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 // candidates are the Machines a reservation may be bound to or given back
 // with, oldest first: live, unbound, unmarked, with no Node or one that
 // awaits registration.
+// servesOpen reports whether an open reservation (not bound in this pass)
+// could take Machine m: m was made at or after its stamp.
+func servesOpen(open []reservation, m *clusterv1.Machine) bool {
+	for _, e := range open {
+		if e.state != claimLaunched && madeFor(m, e.at) {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *Controller) candidates(ctx context.Context, machines []*clusterv1.Machine) []*clusterv1.Machine {
 	var out []*clusterv1.Machine
 	for _, m := range machines {

@@ -278,13 +278,14 @@ func (w *world) checkMachinePatch(ctx context.Context, c client.Reader, old, m *
 }
 
 // checkRemoval: the provider marks or deletes a bound Machine only when its
-// NodeClaim is being deleted or gone, or its launch failed; it never
-// deletes an unbound one.
+// NodeClaim is being deleted or gone, or its launch failed; it deletes an
+// unbound one only when it carries the provider's own mark (a give-back's,
+// checked when it was set: made for the reservation it gave back).
 func (w *world) checkRemoval(old *clusterv1.Machine, what string) {
 	claim := bound(old)
 	if claim == "" {
-		if what == "deleted" {
-			w.failf("unbound Machine %s deleted by the provider", old.Name)
+		if what == "deleted" && !ourMark(old) {
+			w.failf("unbound Machine %s deleted by the provider without its mark", old.Name)
 		}
 		return
 	}
