@@ -319,6 +319,9 @@ func (c *CloudProvider) GetInstanceTypes(ctx context.Context, nodePool *karpv1.N
 	return set.InstanceTypes, nil
 }
 
+// liveReadTimeout bounds Create's read of its NodeClass from the API server.
+const liveReadTimeout = 5 * time.Second
+
 // launchNodeClass is the NodeClass Create launches from: as the API server
 // has it, when a live reader is set. Both of Create's answers about the
 // NodeClass delete the NodeClaim (not found, not Ready) or launch a node
@@ -331,8 +334,12 @@ func (c *CloudProvider) launchNodeClass(ctx context.Context, ref *karpv1.NodeCla
 	if c.live == nil || ref == nil {
 		return cached, err
 	}
+	// Bounded: a workload cluster that does not answer (a partition, not
+	// a refused connection) must not hold the launch; the cache decides.
+	readCtx, cancel := context.WithTimeout(ctx, liveReadTimeout)
+	defer cancel()
 	live := &v1alpha1.ClusterAPINodeClass{}
-	switch liveErr := c.live.Get(ctx, types.NamespacedName{Name: ref.Name}, live); {
+	switch liveErr := c.live.Get(readCtx, types.NamespacedName{Name: ref.Name}, live); {
 	case liveErr == nil:
 		return live, nil
 	case apierrors.IsNotFound(liveErr):
