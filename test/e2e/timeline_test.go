@@ -73,16 +73,7 @@ func (t *timeline) deleting(kind, key string, deleting bool) {
 }
 
 func (t *timeline) setNotDeleting(kind, key string, on bool) {
-	m := t.notDeleting[kind]
-	if m == nil {
-		m = map[string]bool{}
-		t.notDeleting[kind] = m
-	}
-	if on {
-		m[key] = true
-	} else {
-		delete(m, key)
-	}
+	setMember(t.notDeleting, kind, key, on)
 	if t.surplusOn {
 		t.surplus = max(t.surplus, len(t.notDeleting["machine"])-len(t.notDeleting["nodeclaim"]))
 	}
@@ -138,18 +129,11 @@ func (t *timeline) mark(stage, key string) {
 func (t *timeline) exists(kind, key string, present bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	m := t.live[kind]
-	if m == nil {
-		m = map[string]bool{}
-		t.live[kind] = m
-	}
-	if present {
-		m[key] = true
-	} else {
-		delete(m, key)
+	setMember(t.live, kind, key, present)
+	if !present {
 		t.setNotDeleting(kind, key, false)
 	}
-	t.peak[kind] = max(t.peak[kind], len(m))
+	t.peak[kind] = max(t.peak[kind], len(t.live[kind]))
 }
 
 // count is how many objects reached a stage; now how many of a kind exist.
@@ -499,4 +483,18 @@ func waves(sorted []float64, gap float64) string {
 		i = j
 	}
 	return strings.Join(parts, " ")
+}
+
+// setMember adds key to (or removes it from) the set of kind in sets.
+func setMember(sets map[string]map[string]bool, kind, key string, in bool) {
+	m := sets[kind]
+	if m == nil {
+		m = map[string]bool{}
+		sets[kind] = m
+	}
+	if in {
+		m[key] = true
+	} else {
+		delete(m, key)
+	}
 }

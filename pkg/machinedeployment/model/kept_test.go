@@ -11,11 +11,11 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
-// reserve starts core's Create of a new NodeClaim in the background (its
-// launch wait never ends on its own) and returns once the NodeClaim holds
-// a reservation on cheap: raised, or taken over from a NodeClaim that is
-// gone. The Launch ends when the test ends (its context).
-func (w *world) reserve(t *testing.T, ctx context.Context, claim string) {
+// reserve starts core's Create of a NodeClaim in the background and
+// returns once the NodeClaim holds a reservation on cheap (raised, or taken
+// over from a NodeClaim that is gone), with the channel Launch's answer
+// comes on. The Launch ends with ctx at the latest.
+func (w *world) reserve(t *testing.T, ctx context.Context, claim string) <-chan error {
 	t.Helper()
 	c := w.claims[claim]
 	returned := make(chan error, 1)
@@ -28,6 +28,7 @@ func (w *world) reserve(t *testing.T, ctx context.Context, claim string) {
 		_, ok := pending[claim]
 		return ok
 	}, returned)
+	return returned
 }
 
 // bench-1000 at bad37d8 (2026-11-29): while the MachineSet was still

@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
@@ -37,16 +34,7 @@ func TestLaunchStopsWaitingWhenItsNodeClaimIsDeleted(t *testing.T) {
 	// Core's Create, with a LaunchWait that never ends on its own.
 	never := make(chan time.Time)
 	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return never })
-	returned := make(chan error, 1)
-	go func() {
-		_, err := w.provider.Launch(context.Background(), claim, nil, func(types.NamespacedName) {}, w.choose)
-		returned <- err
-	}()
-	waitFor(t, "the replica raised for "+claim, func() bool {
-		pending, _ := hub.PendingNodeClaims(w.md("cheap"))
-		_, ok := pending[claim]
-		return ok
-	}, returned)
+	returned := w.reserve(t, context.Background(), claim)
 
 	// Someone deletes the NodeClaim while its Create waits: its finalizer
 	// holds it (core removes that only after Create returns), and the
