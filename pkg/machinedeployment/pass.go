@@ -268,7 +268,11 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 		case !m.DeletionTimestamp.IsZero():
 			// 2. Reclaim: a bound Machine someone else deletes leaves its
 			// replica to its NodeClaim (the writer checks it is spare).
-			if claim != "" && !markedByUs(m) && spare > 0 {
+			// So does a released one deleted before its replica was
+			// lowered (a rollout removing it while its surge kept the
+			// lowering refused): still spare, the replica would otherwise
+			// pass to no one.
+			if claim != "" && spare > 0 {
 				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
 			}
 		case markedByUs(m) && claim != "":

@@ -361,13 +361,15 @@ func (p *Provider) NodeClaimDeleted(claim string) {
 // MachineDeleted is told of a Machine that is gone (the Machine watch's
 // delete event, which carries the Machine as it was last, deletionTimestamp
 // included). A bound Machine someone else deleted leaves its replica to its
-// NodeClaim: a reservation stamped at the deletion, so the Machine the
+// NodeClaim: a reservation stamped at its creation, so the Machine the
 // MachineSet makes in its place is bound to the NodeClaim, or, once the
-// NodeClaim is gone, given back with it.
+// NodeClaim is gone, given back with it. A Machine the provider released
+// counts too: the writer reclaims only a replica still spare, which is one
+// whose lowering never happened (refused, or cut short by a crash).
 func (p *Provider) MachineDeleted(ctx context.Context, m *clusterv1.Machine) error {
 	claim := m.Annotations[v1alpha1.NodeClaimAnnotation]
 	md := m.Labels[clusterv1.MachineDeploymentNameLabel]
-	if claim == "" || md == "" || markedByUs(m) || m.DeletionTimestamp.IsZero() || !p.machines.Owned(m) {
+	if claim == "" || md == "" || m.DeletionTimestamp.IsZero() || !p.machines.Owned(m) {
 		return nil
 	}
 	return p.writer.do(ctx, types.NamespacedName{Namespace: m.Namespace, Name: md},

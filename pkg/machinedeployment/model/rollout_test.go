@@ -1,0 +1,74 @@
+package model
+
+import (
+	"testing"
+	"time"
+
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
+)
+
+// CI at b78972e (TestMachineDeploymentDriftRollsNodesOntoTheNewTemplate,
+// RollingUpdate): a rollout keeps one Machine more than the replicas (its
+// surge), so the release of a drifted NodeClaim marked its Machine and
+// could not lower (the marks did not cover the surge: the replica was left
+// up, as it must be). The rollout then deleted the marked Machine itself.
+// Nothing accounted for the replica any more: after OrphanGrace it was
+// handed to "others" and the surge Machine stayed, a node for no one, with
+// replicas one above Karpenter's NodeClaims for ever. A released Machine
+// someone else deletes before its replica is lowered leaves the replica to
+// its NodeClaim, as a bound one does (reclaim): free once the NodeClaim is
+// gone, and given back with the Machine made in its place.
+func TestAReleasedMachineSomeoneElseDeletesBeforeItsLoweringIsGivenBack(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	a, b := w.newClaim(), w.newClaim()
+	w.mustLaunch(t, 20, a, b)
+
+	// One Machine beyond the replicas (a rollout's surge).
+	w.now = w.now.Add(time.Second)
+	w.overCreate("cheap")
+	w.hub.Sync()
+	w.reconcile()
+
+	// a is deleted (drift): its Machine is marked, and the lowering is
+	// refused while the surge Machine stands.
+	w.startDeleting(a)
+	ma := w.machineOf(a)
+	if err := w.remove(a); err == nil {
+		t.Fatalf("releasing %s's Machine with a surge Machine beside it lowered the replicas", a)
+	}
+	if got := w.replicas("cheap"); got != 2 {
+		t.Fatalf("cheap has %d replicas after a refused lowering, want 2", got)
+	}
+	// The rollout deletes the marked Machine; its Machine watch reports it.
+	w.healthCheckDelete(ma)
+	w.hub.Sync()
+
+	for i := 0; i < 30; i++ {
+		w.now = w.now.Add(machinedeployment.OrphanGrace / 5)
+		if _, ok := w.claims[a]; ok {
+			_ = w.remove(a)
+		}
+		w.hub.Sync()
+		w.reconcile()
+		w.hub.Sync()
+		w.runMachineSets()
+		w.runInfrastructure()
+		w.register()
+	}
+	w.noFailures(t)
+	n, _ := owned(w.md("cheap"))
+	var unbound []string
+	for _, m := range w.mdMachines("cheap") {
+		if m.DeletionTimestamp.IsZero() && bound(&m) == "" {
+			unbound = append(unbound, m.Name)
+		}
+	}
+	if r := w.replicas("cheap"); r != 1 || n != 1 || len(unbound) > 0 {
+		t.Errorf("cheap settled with %d replicas, %d of them Karpenter's, unbound Machines %v: want 1 replica, b's, and no Machine for no one (nobody else raised)",
+			r, n, unbound)
+	}
+	if w.machineOf(b) == nil {
+		t.Errorf("NodeClaim %s lost its Machine", b)
+	}
+}
