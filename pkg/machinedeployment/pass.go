@@ -271,8 +271,9 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			// So does a released one deleted before its replica was
 			// lowered (a rollout removing it while its surge kept the
 			// lowering refused): still spare, the replica would otherwise
-			// pass to no one.
-			if claim != "" && spare > 0 {
+			// pass to no one. Only while its NodeClaim is leaving: a
+			// NodeClaim whose launch failed here launches elsewhere.
+			if claim != "" && spare > 0 && (!markedByUs(m) || p.claimLeaving(ctx, claim)) {
 				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
 			}
 		case markedByUs(m) && claim != "":

@@ -364,12 +364,17 @@ func (p *Provider) NodeClaimDeleted(claim string) {
 // NodeClaim: a reservation stamped at its creation, so the Machine the
 // MachineSet makes in its place is bound to the NodeClaim, or, once the
 // NodeClaim is gone, given back with it. A Machine the provider released
-// counts too: the writer reclaims only a replica still spare, which is one
-// whose lowering never happened (refused, or cut short by a crash).
+// for a NodeClaim that is leaving counts too: the writer reclaims only a
+// replica still spare, which is one whose lowering never happened (refused,
+// or cut short by a crash). One released for a failed launch does not: its
+// NodeClaim launches elsewhere.
 func (p *Provider) MachineDeleted(ctx context.Context, m *clusterv1.Machine) error {
 	claim := m.Annotations[v1alpha1.NodeClaimAnnotation]
 	md := m.Labels[clusterv1.MachineDeploymentNameLabel]
 	if claim == "" || md == "" || m.DeletionTimestamp.IsZero() || !p.machines.Owned(m) {
+		return nil
+	}
+	if markedByUs(m) && !p.claimLeaving(ctx, claim) {
 		return nil
 	}
 	return p.writer.do(ctx, types.NamespacedName{Namespace: m.Namespace, Name: md},
