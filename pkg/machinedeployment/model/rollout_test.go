@@ -1,6 +1,8 @@
 package model
 
 import (
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"testing"
 	"time"
 
@@ -70,5 +72,69 @@ func TestAReleasedMachineSomeoneElseDeletesBeforeItsLoweringIsGivenBack(t *testi
 	}
 	if w.machineOf(b) == nil {
 		t.Errorf("NodeClaim %s lost its Machine", b)
+	}
+}
+
+// Model seed 53 (2 000 steps), with the reclaim above first written for
+// every released Machine: a Machine released because its launch failed was
+// deleted by someone else while its lowering was still owed, and its
+// replica was reserved for its NodeClaim, which had launched on another
+// MachineDeployment meanwhile: a reservation that could never end. A
+// NodeClaim whose launch failed launches elsewhere; only one that is
+// leaving takes its released Machine's replica back.
+func TestAMachineReleasedForAFailedLaunchIsNotReclaimedForItsNodeClaim(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	b := w.newClaim()
+	w.mustLaunch(t, 20, b)
+
+	// c raises on cheap; the MachineSet makes its Machine and one more (a
+	// surge: the lowering of a release is refused while it stands).
+	w.now = w.now.Add(time.Second)
+	c := w.newClaim()
+	_ = w.create(c)
+	w.runMachineSets()
+	w.overCreate("cheap")
+	w.hub.Sync()
+	w.reconcile()
+	w.hub.Sync()
+	mc := w.machineOf(c)
+	if mc == nil {
+		t.Fatalf("no Machine bound to %s", c)
+	}
+	// Its launch fails: Launch releases it (marked, lowering refused) and
+	// chooses again.
+	w.failLaunch(mc.Name)
+	w.hub.Sync()
+	_ = w.create(c)
+	w.hub.Sync()
+	var released *clusterv1.Machine
+	for _, m := range w.mdMachines("cheap") {
+		if m.Name == mc.Name && ourMark(&m) {
+			released = &m
+		}
+	}
+	if released == nil {
+		t.Fatalf("Machine %s of the failed launch was not released", mc.Name)
+	}
+	// Someone else deletes the released Machine; its Machine watch reports it.
+	w.healthCheckDelete(released)
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile()
+	if pending, _ := hub.PendingNodeClaims(w.md("cheap")); pending[c] != (time.Time{}) {
+		t.Errorf("cheap reserved a replica for %s, whose launch failed there and which launches elsewhere: %v", c, pending)
+	}
+
+	w.rounds(60, func() bool { return false })
+	w.noFailures(t)
+	if !w.launched(c)() {
+		t.Fatalf("NodeClaim %s never launched", c)
+	}
+	for _, md := range w.mds {
+		pending, _ := hub.PendingNodeClaims(w.md(md))
+		if _, ok := pending[c]; ok {
+			t.Errorf("%s holds a reservation for %s, which launched: %v", md, c, pending)
+		}
 	}
 }
