@@ -273,8 +273,10 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			// lowering refused): still spare, the replica would otherwise
 			// pass to no one. Only while its NodeClaim is leaving: a
 			// NodeClaim whose launch failed here launches elsewhere.
+			// The writer counts as its replica only a spare beyond the
+			// lowerings live released Machines still owe.
 			if claim != "" && spare > 0 && (!markedByUs(m) || p.claimLeaving(ctx, claim)) {
-				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
+				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time, released: markedByUs(m)})
 			}
 		case markedByUs(m) && claim != "":
 			// 6. Marked, replica maybe still owed (a crash between mark

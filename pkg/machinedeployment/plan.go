@@ -57,6 +57,10 @@ type intent struct {
 	claim   string             // NodeClaim (or reservation key)
 	machine *clusterv1.Machine // intentLower, intentGiveBack: the marked Machine
 	at      time.Time          // intentReclaim: the stamp
+	// released (intentReclaim): the deleted Machine carried the
+	// provider's mark; its replica is spare only beyond the lowerings the
+	// live released Machines still owe.
+	released bool
 	// why is said in the log line and the event.
 	why string
 
@@ -92,6 +96,9 @@ type outcome struct {
 type counts struct {
 	all, deleting, marked int32
 	bound                 int32
+	// released: live Machines bound to a NodeClaim that carry the
+	// provider's mark, each owing at most one lowering.
+	released int32
 	// boundTo: NodeClaim -> its bound Machine.
 	boundTo map[string]*clusterv1.Machine
 	// annotated: NodeClaim -> every Machine annotated with it.
@@ -112,6 +119,9 @@ func count(machines []*clusterv1.Machine, extraMarked map[string]bool) counts {
 		}
 		if markedByUs(m) || extraMarked[m.Name] {
 			c.marked++
+			if claim != "" && markedByUs(m) {
+				c.released++
+			}
 			continue
 		}
 		if claim != "" {
@@ -284,7 +294,11 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 				out.recs.pending[in.claim] = at
 			}
 		case intentReclaim:
-			if _, ok := out.recs.pending[in.claim]; ok || spare() <= 0 {
+			owed := int32(0)
+			if in.released {
+				owed = c.released
+			}
+			if _, ok := out.recs.pending[in.claim]; ok || spare() <= owed {
 				continue
 			}
 			out.recs.pending[in.claim] = in.at

@@ -378,7 +378,7 @@ func (p *Provider) MachineDeleted(ctx context.Context, m *clusterv1.Machine) err
 		return nil
 	}
 	return p.writer.do(ctx, types.NamespacedName{Namespace: m.Namespace, Name: md},
-		&intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time})
+		&intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time, released: markedByUs(m)})
 }
 
 // claimLeaving reports whether the NodeClaim is being deleted (the spoke
