@@ -232,13 +232,7 @@ func (w *world) boundBeforeItLaunched(t *testing.T) (string, string) {
 		t.Fatalf("NodeClaim %s launched without a Machine", a)
 	}
 	w.runMachineSets()
-	w.hub.Sync()
-	w.reconcile()
-	w.hub.Sync()
-	m := w.machineOf(a)
-	if m == nil {
-		t.Fatalf("no Machine bound to %s", a)
-	}
+	m := w.bindNow(t, a)
 	w.now = w.now.Add(launchTimeout)
 	w.timeOut(a)
 	return a, m.Name
@@ -260,4 +254,19 @@ func TestAMachineNoSuccessorAdoptsIsReleased(t *testing.T) {
 	if got := w.replicas("cheap"); got != 0 {
 		t.Errorf("cheap has %d replicas, want 0", got)
 	}
+}
+
+// bindNow lets the provider's controller see the Machines made so far and
+// bind them, and returns the Machine bound to claim (the test fails
+// without one).
+func (w *world) bindNow(t *testing.T, claim string) *clusterv1.Machine {
+	t.Helper()
+	w.hub.Sync()
+	w.reconcile()
+	w.hub.Sync()
+	m := w.machineOf(claim)
+	if m == nil {
+		t.Fatalf("no Machine bound to %s", claim)
+	}
+	return m
 }

@@ -96,13 +96,7 @@ func TestAMachineReleasedForAFailedLaunchIsNotReclaimedForItsNodeClaim(t *testin
 	_ = w.create(c)
 	w.runMachineSets()
 	w.overCreate("cheap")
-	w.hub.Sync()
-	w.reconcile()
-	w.hub.Sync()
-	mc := w.machineOf(c)
-	if mc == nil {
-		t.Fatalf("no Machine bound to %s", c)
-	}
+	mc := w.bindNow(t, c)
 	// Its launch fails: Launch releases it (marked, lowering refused) and
 	// chooses again.
 	w.failLaunch(mc.Name)
