@@ -26,6 +26,10 @@ type launchFailedError struct {
 func (e *launchFailedError) Error() string { return e.err.Error() }
 func (e *launchFailedError) Unwrap() error { return e.err }
 
+// whyFailedLaunch ends the sentence "NodeClaim <claim> …" of a release
+// for a failed launch.
+const whyFailedLaunch = "failed to launch"
+
 // fail gives up on the launch of the Machine bound to claim, which its
 // infrastructure machine reports failed: the offering (instance type, zone,
 // capacity type) is left out for the unavailable-offerings TTL, and exactly
@@ -57,7 +61,7 @@ func (p *Provider) fail(ctx context.Context, claim string, m *clusterv1.Machine,
 		}
 		p.unavailable.Mark(instancetype.OfferingKey{InstanceType: src.Name, Zone: zone, CapacityType: src.CapacityType}, f.Message)
 	}
-	if err := p.release(ctx, claim, m, "failed to launch"); err != nil {
+	if err := p.release(ctx, claim, m, whyFailedLaunch); err != nil {
 		return fmt.Errorf("releasing Machine %s/%s whose launch failed: %w", m.Namespace, m.Name, err)
 	}
 	if p.Events != nil {

@@ -172,8 +172,16 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 	now := p.now()
 	free := func(claim string) bool { return p.claimFree(ctx, claim) }
 	bindable := func(m *clusterv1.Machine) bool { return noRegisteredNode(ctx, c.spoke, m) }
-	norm := plan(md, recs, view{machines: machines, free: free, bindable: bindable}, nil)
+	sets, err := setsOf(ctx, reader, md)
+	if err != nil {
+		return 0, err
+	}
+	norm := plan(md, recs, view{machines: machines, sets: sets, free: free, bindable: bindable}, nil)
 	cnt := count(machines, nil)
+	// Which MachineSet a lowering would come off now: a free reservation
+	// is given back only with a Machine of that one (marking another would
+	// be undone by the refused write, pass after pass).
+	low := lowers(md, sets, machines)
 	r := ptr.Deref(md.Spec.Replicas, 0)
 	prefix := key.String() + "/"
 	touched := map[string]bool{}
@@ -359,7 +367,14 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			if overBudget() {
 				continue
 			}
-			if m := c.giveBackVictim(candidates, taken, e.at); m != nil {
+			if low.err != nil || c.giveBackVictim(candidates, taken, e.at) != nil && c.giveBackVictim(lowerable(candidates, low), taken, e.at) == nil {
+				// A rollout: Cluster API would take the lowering from
+				// another MachineSet. The replica stays up (the next
+				// NodeClaim may take it) until the rollout lets it go.
+				later(openRecheck)
+				continue
+			}
+			if m := c.giveBackVictim(lowerable(candidates, low), taken, e.at); m != nil {
 				if err := p.markUnbound(ctx, m, giveBackMark(e.claim)); errors.Is(err, errMachineChanged) {
 					later(barrierRetry)
 					continue
@@ -411,6 +426,15 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			return 0, err
 		}
 		for _, in := range intents {
+			if in.kind == intentLower && errors.Is(in.err, errLowersElsewhere) && p.claimLeaving(ctx, in.claim) {
+				// As Release does: a rollout keeps the lowering off this
+				// Machine's MachineSet; exactly it goes, its replica
+				// stays Karpenter's (reclaimed for its NodeClaim).
+				log.FromContext(ctx).Info("deleting a released Machine: Cluster API lowers another MachineSet during the rollout", "Machine", client.ObjectKeyFromObject(in.machine), "NodeClaim", in.claim)
+				if err := p.deleteMachine(ctx, in.machine); err != nil && !errors.Is(err, ErrMachineGone) {
+					return 0, err
+				}
+			}
 			if in.kind == intentGiveBack && (!in.done || in.atMin) && in.machine != nil {
 				// Not given back with it (at min-size the replica passed
 				// to whoever set the minimum, or the marks did not cover
@@ -460,6 +484,21 @@ func (c *Controller) candidates(ctx context.Context, machines []*clusterv1.Machi
 		}
 		return a.Name < b.Name
 	})
+	return out
+}
+
+// lowerable keeps the Machines a lowering could be covered by a mark on
+// (design doc, "Which MachineSet loses a replica").
+func lowerable(machines []*clusterv1.Machine, low lowering) []*clusterv1.Machine {
+	if low.err != nil {
+		return nil
+	}
+	var out []*clusterv1.Machine
+	for _, m := range machines {
+		if low.covers(m) {
+			out = append(out, m)
+		}
+	}
 	return out
 }
 

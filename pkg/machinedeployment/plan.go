@@ -76,6 +76,9 @@ type intent struct {
 // which NodeClaims are free (gone or terminating).
 type view struct {
 	machines []*clusterv1.Machine
+	// sets are the MachineDeployment's MachineSets (nil: not read; the
+	// Machines alone then tell whether one MachineSet holds them).
+	sets []*clusterv1.MachineSet
 	// free reports whether a reservation's NodeClaim is gone or terminating.
 	free func(claim string) bool
 	// bindable reports whether a Machine has no Node or one that awaits
@@ -216,10 +219,14 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 	}
 
 	minSize, maxSize, hasMax, sizeErr := sizeBounds(md)
-	// uncovered is how many Machines that are neither deleting nor marked
-	// the MachineSet would remove at replicas x: it may still create up to
-	// r0 before it sees the write, and removes deleting and marked first.
-	uncovered := func(x int32) int32 { return max(0, max(c.all, r0)-x-c.deleting-c.marked) }
+	// The gate (the one place that refuses a lowering): low is the
+	// MachineSet Cluster API takes a lowering from. uncovered is how many
+	// of its Machines that are neither deleting nor marked it would remove
+	// after losing d replicas: it may still create up to its replicas
+	// before it sees the write, and removes deleting and marked first.
+	low := lowers(md, v.sets, v.machines)
+	lc := count(low.machines, extra)
+	uncovered := func(d int32) int32 { return max(0, max(lc.all, low.base)-(low.base-d)-lc.deleting-lc.marked) }
 	spare := func() int32 { return owned - c.bound - int32(len(out.recs.pending)) }
 	lower := func(in *intent, what string) bool {
 		switch {
@@ -231,7 +238,13 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 			in.atMin, in.done = true, true
 			out.lines = append(out.lines, fmt.Sprintf("%s: replicas stay %d at min-size, the replica passes to whoever set it", what, r))
 			return true
-		case uncovered(r-1) > uncovered(r0):
+		case low.err != nil:
+			in.err = low.err
+			return false
+		case !low.covers(in.machine):
+			in.err = errLowersElsewhere
+			return false
+		case r0-(r-1) > low.room || uncovered(r0-(r-1)) > uncovered(0):
 			in.err = errNotCovered
 			return false
 		}

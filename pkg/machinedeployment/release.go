@@ -61,6 +61,17 @@ func (p *Provider) release(ctx context.Context, claim string, m *clusterv1.Machi
 		if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
 			return err
 		}
+	case errors.Is(in.err, errLowersElsewhere) && why != whyFailedLaunch:
+		// An OnDelete rollout: Cluster API takes a lowering from its
+		// oldest out-of-date MachineSet, not this Machine's, and may not
+		// until the rollout ends. The provider removes exactly this
+		// Machine; its replica stays Karpenter's (reclaimed for the
+		// NodeClaim, then taken by the next one or given back once the
+		// rollout lets it). A failed launch's Machine, which costs
+		// nothing, waits for its lowering instead.
+		if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
+			return err
+		}
 	case in.err != nil && isNotCovered(in.err):
 		return fmt.Errorf("releasing Machine %s/%s of NodeClaim %s: %w", m.Namespace, m.Name, claim, in.err)
 	case in.err != nil:

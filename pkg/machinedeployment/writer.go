@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
@@ -154,6 +155,10 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 	if err != nil {
 		return err
 	}
+	sets, err := setsOf(ctx, reader, md)
+	if err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		recs, err := readRecords(md)
 		if err != nil {
@@ -167,7 +172,7 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 		if w.bindable != nil {
 			bindable = func(m *clusterv1.Machine) bool { return w.bindable(ctx, m) }
 		}
-		out := plan(md, recs, view{machines: machines, free: free, bindable: bindable}, intents)
+		out := plan(md, recs, view{machines: machines, sets: sets, free: free, bindable: bindable}, intents)
 		if !out.changed {
 			return nil
 		}
@@ -238,6 +243,26 @@ func machinesOf(ctx context.Context, r client.Reader, md *clusterv1.MachineDeplo
 	out := make([]*clusterv1.Machine, len(list.Items))
 	for i := range list.Items {
 		out[i] = &list.Items[i]
+	}
+	return out, nil
+}
+
+// setsOf lists a MachineDeployment's MachineSets, read-only, within the
+// provider's scope like machinesOf.
+func setsOf(ctx context.Context, r client.Reader, md *clusterv1.MachineDeployment) ([]*clusterv1.MachineSet, error) {
+	list := &clusterv1.MachineSetList{}
+	selector := client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}
+	if md.Spec.ClusterName != "" {
+		selector[clusterv1.ClusterNameLabel] = md.Spec.ClusterName
+	}
+	if err := r.List(ctx, list, client.InNamespace(md.Namespace), selector); err != nil {
+		return nil, fmt.Errorf("listing MachineSets of MachineDeployment %s/%s: %w", md.Namespace, md.Name, err)
+	}
+	out := make([]*clusterv1.MachineSet, 0, len(list.Items))
+	for i := range list.Items {
+		if ms := &list.Items[i]; metav1.IsControlledBy(ms, md) || len(ms.OwnerReferences) == 0 {
+			out = append(out, ms)
+		}
 	}
 	return out, nil
 }
