@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 	"sigs.k8s.io/karpenter/pkg/events"
@@ -339,12 +340,16 @@ func (c *CloudProvider) launchNodeClass(ctx context.Context, ref *karpv1.NodeCla
 	readCtx, cancel := context.WithTimeout(ctx, liveReadTimeout)
 	defer cancel()
 	live := &v1alpha1.ClusterAPINodeClass{}
-	switch liveErr := c.live.Get(readCtx, types.NamespacedName{Name: ref.Name}, live); {
+	liveErr := c.live.Get(readCtx, types.NamespacedName{Name: ref.Name}, live)
+	switch {
 	case liveErr == nil:
+		log.FromContext(ctx).V(1).Info("NodeClass read for a launch", "NodeClass", ref.Name, "resourceVersion", live.ResourceVersion,
+			"ready", live.StatusConditions().Get(status.ConditionReady).GetStatus())
 		return live, nil
 	case apierrors.IsNotFound(liveErr):
 		return nil, liveErr
 	}
+	log.FromContext(ctx).Info("reading the NodeClass from the workload cluster failed: the launch decides on the cache", "NodeClass", ref.Name, "error", liveErr)
 	return cached, err
 }
 

@@ -23,7 +23,9 @@ rules:
 - level: None
 `
 
-// spokeAuditPolicy logs every write to a NodeClaim: a status write with
+// spokeAuditPolicy logs every write to a NodeClaim, and every status write
+// to a NodeClass with its body (upstream specs race the provider's status
+// controller over a NodeClass's Ready condition): a status write with
 // its body (level Request: which conditions it wrote), any other at level
 // Metadata (who, verb, user agent, when). Core's controllers write a
 // NodeClaim's status with JSON merge patches that replace its conditions
@@ -44,6 +46,11 @@ rules:
   resources:
   - group: karpenter.sh
     resources: ["nodeclaims"]
+- level: Request
+  verbs: ["patch", "update"]
+  resources:
+  - group: karpenter.cluster.x-k8s.io
+    resources: ["clusterapinodeclasses/status"]
 - level: None
 `
 

@@ -119,8 +119,20 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if !nc.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
 	}
+	if len(nc.GetConditions()) == 0 {
+		// The status controller's first write initializes the
+		// conditions with what it resolved; writing SoleScaler before it
+		// would make a NodeClass's status arrive in two writes, the first
+		// with Ready Unknown (a reader that acts on the first, as
+		// Karpenter's own suites do, races the second). Its write wakes
+		// this controller.
+		return reconcile.Result{}, nil
+	}
 	stored := nc.DeepCopy()
 	if nc.Spec.ScalableResourceSelector == nil {
+		if nc.StatusConditions().Get(ConditionTypeSoleScaler) == nil {
+			return reconcile.Result{}, nil // nothing to say, nothing to clear
+		}
 		_ = nc.StatusConditions().Clear(ConditionTypeSoleScaler)
 	} else {
 		scaled, err := c.scaledByOthers(ctx, nc.Spec.ScalableResourceSelector)
