@@ -3,8 +3,8 @@ package model
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -12,59 +12,49 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	infrav1 "sigs.k8s.io/cluster-api-provider-aws/v2/api/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment/mdutil"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 func labelsEverything() labels.Selector { return labels.Everything() }
 
 // runMachineSets plays Cluster API's MachineDeployment and MachineSet
-// controllers (one MachineSet per MachineDeployment): the MachineSet's
-// replicas follow the MachineDeployment's; it creates Machines up to them and
-// deletes the excess in Cluster API's order (deleting, marked, without a
-// Node, then by name); deleting Machines finish (finalizer removed).
+// controllers (capi_test.go). Per MachineDeployment: one pass of its
+// controller (a MachineSet made for the template when none matches it, each
+// MachineSet's replicas set as Cluster API does for the rollout strategy;
+// with one MachineSet, the MachineDeployment's replicas); then each
+// MachineSet creates Machines up to its replicas (unless creation is
+// disabled or it is stalled) and deletes its excess in Cluster API's order
+// (deleting, marked, without a Node, then by name). Deleting Machines
+// finish (finalizer removed); the MachineSets report their status, and an
+// old one with no replicas and no Machines is deleted.
 func (w *world) runMachineSets() {
 	ctx := context.Background()
 	w.acting.Store(true)
 	defer w.acting.Store(false)
 	for _, name := range w.mds {
 		md := w.md(name)
-		ms := &clusterv1.MachineSet{}
-		w.must(w.hub.API.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-ms"}, ms))
-		var mine []*clusterv1.Machine
-		all := w.machines()
-		for i := range all {
-			if metav1.IsControlledBy(&all[i], ms) {
-				mine = append(mine, &all[i])
-			}
+		w.ensureCurrentMachineSet(md)
+		md = w.md(name)
+		sets := capiState(md, w.machineSetsOf(md), w.mdMachines(name), metav1.NewTime(w.now))
+		capiPass(md, sets)
+		for _, s := range sets {
+			w.applyMachineSet(md, s)
 		}
-		want := int(ptr.Deref(md.Spec.Replicas, 0))
-		for i := len(mine); i < want && !w.stalled[name]; i++ {
-			w.makeMachine(ms)
-		}
-		if excess := len(mine) - want; excess > 0 {
-			prio := func(m *clusterv1.Machine) int {
-				switch {
-				case !m.DeletionTimestamp.IsZero():
-					return 4
-				case marked(m):
-					return 3
-				case !m.Status.NodeRef.IsDefined():
-					return 2
+		for _, s := range sets {
+			if canCreate(md, s) {
+				for n := s.status(); n < s.spec && !w.stalled[name]; n++ {
+					w.makeMachine(s.ms)
 				}
-				return 1
 			}
-			sort.SliceStable(mine, func(i, j int) bool {
-				if prio(mine[i]) != prio(mine[j]) {
-					return prio(mine[i]) > prio(mine[j])
-				}
-				return mine[i].Name < mine[j].Name
-			})
-			for _, m := range mine[:excess] {
-				if m.DeletionTimestamp.IsZero() {
-					w.must(client.IgnoreNotFound(w.hub.API.Delete(ctx, m)))
+			for _, m := range s.excess() {
+				if !m.deleting {
+					w.noteRemoval(m.m, s.name)
+					w.must(client.IgnoreNotFound(w.hub.API.Delete(ctx, m.m)))
 				}
 			}
 		}
@@ -85,6 +75,7 @@ func (w *world) runMachineSets() {
 		_ = w.hub.API.Delete(ctx, &infrav1.AWSMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.Name}})
 		gone = append(gone, last)
 	}
+	w.reportMachineSets()
 	w.acting.Store(false)
 	for i := range gone {
 		if err := w.provider.MachineDeleted(ctx, &gone[i]); err != nil {
@@ -94,8 +85,120 @@ func (w *world) runMachineSets() {
 	w.acting.Store(true)
 }
 
+// noteRemoval records a Machine a MachineSet removes while it runs (a
+// Node), unmarked, bound to a NodeClaim that is not being deleted: what
+// invariant 1 exists to prevent, seen from the user's side.
+func (w *world) noteRemoval(m *clusterv1.Machine, set string) {
+	c, ok := w.claims[bound(m)]
+	if ok && !c.deleting && !marked(m) && m.Status.NodeRef.IsDefined() {
+		w.removedRunning = append(w.removedRunning, fmt.Sprintf("MachineSet %s removed Machine %s, running and bound to NodeClaim %s, which was not being deleted", set, m.Name, bound(m)))
+	}
+}
+
+// newMachineSet is a MachineSet as Cluster API's MachineDeployment
+// controller makes it for md's template: labelled with the cluster, the
+// MachineDeployment and a template hash of its own (also in its selector
+// and template), controlled by md, with its revision.
+func newMachineSet(md *clusterv1.MachineDeployment, name string, created time.Time, revision string, replicas int32) *clusterv1.MachineSet {
+	hash := strings.TrimPrefix(name, md.Name+"-")
+	labels := mdutil.CloneAndAddLabel(md.Spec.Template.Labels, clusterv1.MachineDeploymentUniqueLabel, hash)
+	labels[clusterv1.MachineDeploymentNameLabel] = md.Name
+	labels[clusterv1.ClusterNameLabel] = md.Spec.ClusterName
+	template := *md.Spec.Template.DeepCopy()
+	template.Labels = mdutil.CloneAndAddLabel(md.Spec.Template.Labels, clusterv1.MachineDeploymentUniqueLabel, hash)
+	return &clusterv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: md.Namespace, Name: name, Labels: labels,
+			Annotations:       map[string]string{clusterv1.RevisionAnnotation: revision},
+			CreationTimestamp: metav1.NewTime(created),
+			OwnerReferences:   []metav1.OwnerReference{*metav1.NewControllerRef(md, clusterv1.GroupVersion.WithKind("MachineDeployment"))}},
+		Spec: clusterv1.MachineSetSpec{ClusterName: md.Spec.ClusterName, Replicas: ptr.To(replicas),
+			Selector: *mdutil.CloneSelectorAndAddLabel(&md.Spec.Selector, clusterv1.MachineDeploymentUniqueLabel, hash), Template: template},
+	}
+}
+
+// ensureCurrentMachineSet is the start of Cluster API's MachineDeployment
+// pass: a MachineSet for md's template (with no replicas, the newest
+// creationTimestamp) when none matches it, the current one's revision above
+// the old ones', and the MachineDeployment's revision annotation equal to it.
+func (w *world) ensureCurrentMachineSet(md *clusterv1.MachineDeployment) {
+	ctx := context.Background()
+	msets := w.machineSetsOf(md)
+	cur, old, _, _ := mdutil.FindNewAndOldMachineSets(md, append([]*clusterv1.MachineSet(nil), msets...), metav1.NewTime(w.now))
+	anns, revision, err := mdutil.ComputeRevisionAnnotations(ctx, cur, old)
+	w.must(err)
+	if cur == nil {
+		created := w.now.Truncate(time.Second)
+		for _, ms := range msets {
+			if !ms.CreationTimestamp.Time.Before(created) {
+				created = ms.CreationTimestamp.Add(time.Second)
+			}
+		}
+		w.setSeq++
+		cur = newMachineSet(md, fmt.Sprintf("%s-ms%d", md.Name, w.setSeq), created, revision, 0)
+		w.must(w.hub.API.Create(ctx, cur))
+	} else if cur.Annotations[clusterv1.RevisionAnnotation] != revision {
+		for k, v := range anns {
+			cur.Annotations[k] = v
+		}
+		w.must(w.hub.API.Update(ctx, cur))
+	}
+	if md.Annotations[clusterv1.RevisionAnnotation] != revision {
+		md.Annotations[clusterv1.RevisionAnnotation] = revision
+		w.must(w.hub.API.Update(ctx, md))
+	}
+}
+
+// applyMachineSet writes what a MachineDeployment pass decided for one
+// MachineSet: its replicas, and creation disabled on old MachineSets under
+// OnDelete.
+func (w *world) applyMachineSet(md *clusterv1.MachineDeployment, s *capiSet) {
+	ms := s.ms
+	disable := "false"
+	if !canCreate(md, s) {
+		disable = "true"
+	}
+	if ptr.Deref(ms.Spec.Replicas, 0) == s.spec && ms.Annotations[clusterv1.DisableMachineCreateAnnotation] == disable {
+		return
+	}
+	ms.Spec.Replicas = ptr.To(s.spec)
+	if ms.Annotations == nil {
+		ms.Annotations = map[string]string{}
+	}
+	ms.Annotations[clusterv1.DisableMachineCreateAnnotation] = disable
+	w.must(w.hub.API.Update(context.Background(), ms))
+}
+
+// reportMachineSets is the MachineSets' status (status.replicas counts
+// their Machines, deleting ones included, as Cluster API's does) and the
+// deletion of old MachineSets with no replicas and no Machines.
+func (w *world) reportMachineSets() {
+	ctx := context.Background()
+	for _, name := range w.mds {
+		md := w.md(name)
+		msets := w.machineSetsOf(md)
+		sets := capiState(md, msets, w.mdMachines(name), metav1.NewTime(w.now))
+		for _, s := range sets {
+			ms := s.ms
+			if ms == nil {
+				continue
+			}
+			if s.old && s.spec == 0 && s.status() == 0 {
+				w.must(client.IgnoreNotFound(w.hub.API.Delete(ctx, ms)))
+				continue
+			}
+			if ptr.Deref(ms.Status.Replicas, -1) != s.status() || ptr.Deref(ms.Status.AvailableReplicas, -1) != s.available() {
+				ms.Status.Replicas = ptr.To(s.status())
+				ms.Status.AvailableReplicas = ptr.To(s.available())
+				w.must(w.hub.API.Update(ctx, ms))
+			}
+		}
+	}
+}
+
 // makeMachine is the MachineSet creating one Machine (and its
-// infrastructure machine) from its template.
+// infrastructure machine) from its template: labelled as Cluster API's
+// MachineSet labels it (the template's labels, its own name, its
+// MachineDeployment's), controlled by it.
 func (w *world) makeMachine(ms *clusterv1.MachineSet) {
 	ctx := context.Background()
 	w.seq++
@@ -110,6 +213,10 @@ func (w *world) makeMachine(ms *clusterv1.MachineSet) {
 	for k, v := range ms.Spec.Template.Labels {
 		m.Labels[k] = v
 	}
+	m.Labels[clusterv1.MachineSetNameLabel] = ms.Name
+	m.Labels[clusterv1.MachineDeploymentNameLabel] = ms.Labels[clusterv1.MachineDeploymentNameLabel]
+	m.Labels[clusterv1.ClusterNameLabel] = ms.Spec.ClusterName
+	m.Spec.ClusterName = ms.Spec.ClusterName
 	m.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "AWSMachine", Name: m.Name}
 	w.must(w.hub.API.Create(ctx, &infrav1.AWSMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: m.Name}}))
 	w.must(w.hub.API.Create(ctx, m))
@@ -120,12 +227,90 @@ func (w *world) makeMachine(ms *clusterv1.MachineSet) {
 // the API server anyway, and the next reconcile, not seeing it yet, made
 // the Machine again (conformance run G, Utilization: 101 Machines for 100
 // replicas). Its next reconcile removes the excess by its deletion order.
+// It is the MachineDeployment's current MachineSet (the newest while
+// Cluster API has not made one for a new template yet).
 func (w *world) overCreate(md string) {
 	w.acting.Store(true)
 	defer w.acting.Store(false)
-	ms := &clusterv1.MachineSet{}
-	w.must(w.hub.API.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: md + "-ms"}, ms))
+	d := w.md(md)
+	msets := w.machineSetsOf(d)
+	ms := msets[len(msets)-1]
+	if cur, _, _, _ := mdutil.FindNewAndOldMachineSets(d, append([]*clusterv1.MachineSet(nil), msets...), metav1.NewTime(w.now)); cur != nil {
+		ms = cur
+	}
 	w.makeMachine(ms)
+}
+
+// rollout is someone changing a MachineDeployment's template (a new
+// infrastructure template: Cluster API rolls out on it) and its rollout
+// strategy: OnDelete, or RollingUpdate with maxSurge 1 and maxUnavailable 0
+// (Cluster API's defaults). Cluster API makes the new MachineSet on its
+// next pass.
+func (w *world) rollout(name string, onDelete bool) {
+	w.acting.Store(true)
+	defer w.acting.Store(false)
+	md := w.md(name)
+	w.templateSeq++
+	md.Spec.Template.Spec.InfrastructureRef.Name = fmt.Sprintf("%s-t%d", name, w.templateSeq)
+	md.Spec.Rollout.Strategy = rollingUpdate()
+	if onDelete {
+		md.Spec.Rollout.Strategy = clusterv1.MachineDeploymentRolloutStrategy{Type: clusterv1.OnDeleteMachineDeploymentStrategyType}
+	}
+	w.must(w.hub.API.Update(context.Background(), md))
+}
+
+// rollingUpdate is Cluster API's default rollout strategy (its webhook's
+// defaults: maxSurge 1, maxUnavailable 0).
+func rollingUpdate() clusterv1.MachineDeploymentRolloutStrategy {
+	return clusterv1.MachineDeploymentRolloutStrategy{Type: clusterv1.RollingUpdateMachineDeploymentStrategyType,
+		RollingUpdate: clusterv1.MachineDeploymentRolloutStrategyRollingUpdate{MaxSurge: ptr.To(intstr.FromInt32(1)), MaxUnavailable: ptr.To(intstr.FromInt32(0))}}
+}
+
+// oldMachines lists the live Machines of a MachineDeployment's out-of-date
+// MachineSets, by name.
+func (w *world) oldMachines(name string) []clusterv1.Machine {
+	md := w.md(name)
+	old := map[string]bool{}
+	for _, s := range capiState(md, w.machineSetsOf(md), nil, metav1.NewTime(w.now)) {
+		if s.old {
+			old[s.name] = true
+		}
+	}
+	var out []clusterv1.Machine
+	for _, m := range w.mdMachines(name) {
+		if old[machineSetName(&m)] && m.DeletionTimestamp.IsZero() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// rollByHand is a user rolling an OnDelete MachineDeployment by hand: the
+// first live Machine of an old MachineSet is deleted. It returns its name,
+// or "" when there is none (or the strategy is not OnDelete).
+func (w *world) rollByHand(name string) string {
+	if w.md(name).Spec.Rollout.Strategy.Type != clusterv1.OnDeleteMachineDeploymentStrategyType {
+		return ""
+	}
+	old := w.oldMachines(name)
+	if len(old) == 0 {
+		return ""
+	}
+	w.healthCheckDelete(&old[0])
+	return old[0].Name
+}
+
+// rolling reports whether a MachineDeployment still has an old MachineSet.
+func (w *world) rolling() bool {
+	for _, name := range w.mds {
+		md := w.md(name)
+		for _, s := range capiState(md, w.machineSetsOf(md), nil, metav1.NewTime(w.now)) {
+			if s.old || s.ms == nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // runInfrastructure plays the infrastructure provider and the kubelet: a

@@ -88,6 +88,19 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 			w.overCreate(md)
 			log(md + " MachineSet makes one Machine too many")
 		}
+	case r < 78:
+		// A new template (Cluster API rolls out on it), under OnDelete or
+		// RollingUpdate: Cluster API makes a new MachineSet next time.
+		md := w.mds[rng.Intn(len(w.mds))]
+		onDelete := rng.Intn(2) == 0
+		w.rollout(md, onDelete)
+		log(fmt.Sprintf("%s rolls out a new template, strategy %s", md, w.md(md).Spec.Rollout.Strategy.Type))
+	case r < 80:
+		// A user rolling an OnDelete MachineDeployment by hand.
+		md := w.mds[rng.Intn(len(w.mds))]
+		if m := w.rollByHand(md); m != "" {
+			log("someone deletes " + m + ", a Machine of an old MachineSet of " + md)
+		}
 	}
 	for _, name := range w.claimNames() {
 		if c := w.claims[name]; !c.launched && !c.deleting && w.now.Sub(c.created) >= launchTimeout {
@@ -135,12 +148,22 @@ func (w *world) act(rng *rand.Rand) {
 	}
 }
 
-// settle stops the faults and lets every actor run until nothing changes.
+// settle stops the faults, lets rollouts end and every actor run until
+// nothing changes.
 func (w *world) settle() {
 	w.hub.SetLag(false)
 	w.exhausted = map[string]bool{}
 	w.stalled = map[string]bool{}
 	rng := rand.New(rand.NewSource(1))
+	// Rollouts end: RollingUpdate by itself, OnDelete as its user deletes
+	// the old MachineSets' Machines, one per MachineDeployment at a time.
+	for i := 0; i < 400 && w.rolling(); i++ {
+		w.now = w.now.Add(5 * time.Second)
+		for _, md := range w.mds {
+			w.rollByHand(md)
+		}
+		w.act(rng)
+	}
 	for range 80 {
 		w.now = w.now.Add(5 * time.Second)
 		w.act(rng)
@@ -168,10 +191,12 @@ func steps() int {
 
 // TestBindingModel interleaves Creates, Deletes, restarts, cache lag,
 // others' replica changes, MachineHealthCheck deletions, max/min-size
-// changes and failed launches at random, checking every invariant of
-// docs/design/machinedeployment-binding.md on every write and after every
-// step, and that everything settles. A failure prints the seed and the
-// steps; `go test ./pkg/machinedeployment/model -seed N -steps M` replays it.
+// changes, failed launches and rollouts (a new template under OnDelete or
+// RollingUpdate, old Machines deleted by hand) at random, checking every
+// invariant of docs/design/machinedeployment-binding.md on every write and
+// after every step, and that everything settles. A failure prints the seed
+// and the steps; `go test ./pkg/machinedeployment/model -seed N -steps M`
+// replays it.
 //
 // In `make test` it runs fixed seeds (a few thousand steps in all, seconds);
 // `make model` runs many more steps on a random seed (MODEL_SEED, MODEL_STEPS).

@@ -1,9 +1,11 @@
 // Package model tests MachineDeployment mode's binding protocol
 // (docs/design/machinedeployment-binding.md) against a simulated world: a
-// fake hub whose cache lags, a MachineSet that follows Cluster API's rules
-// (creates Machines up to its replicas, deletes deleting, marked, then
-// Node-less Machines first), an infrastructure that may fail launches, and
-// Karpenter core calling Launch and Release. The provider's code is the
+// fake hub whose cache lags, Cluster API's MachineDeployment and MachineSet
+// controllers (capi_test.go: several MachineSets during an OnDelete or
+// RollingUpdate rollout; each creates Machines up to its replicas and
+// deletes deleting, marked, then Node-less Machines first), an
+// infrastructure that may fail launches, and Karpenter core calling Launch
+// and Release. The provider's code is the
 // real one; every write it makes is checked against the invariants as it
 // happens.
 package model
@@ -91,8 +93,14 @@ type world struct {
 	seq       int
 	// machinesMade counts the Machines the MachineSets made.
 	machinesMade int
-	failures     []string
-	synced       time.Time // when the cache last caught up
+	// setSeq and templateSeq name the MachineSets Cluster API makes and the
+	// infrastructure templates rollouts move to.
+	setSeq, templateSeq int
+	// removedRunning records the running, unmarked Machines of NodeClaims
+	// not being deleted that a MachineSet removed (noteRemoval).
+	removedRunning []string
+	failures       []string
+	synced         time.Time // when the cache last caught up
 	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
 	// write the provider makes.
 	trace func(string)
@@ -141,16 +149,13 @@ func newWorld(t testing.TB, replicas map[string]int32, mdAnnotations map[string]
 				Template: clusterv1.MachineTemplateSpec{ObjectMeta: clusterv1.ObjectMeta{Labels: tl},
 					Spec: clusterv1.MachineSpec{ClusterName: cluster, FailureDomain: "zone-a",
 						InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "AWSMachineTemplate", Name: name}}},
+				Rollout: clusterv1.MachineDeploymentRolloutSpec{Strategy: rollingUpdate()},
 			},
 		}
+		md.Annotations[clusterv1.RevisionAnnotation] = "1"
 		w.must(w.hub.API.Create(context.Background(), md))
-		ms := &clusterv1.MachineSet{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-ms", UID: types.UID("uid-ms-" + name),
-				Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster, clusterv1.MachineDeploymentNameLabel: name},
-				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(md, clusterv1.GroupVersion.WithKind("MachineDeployment"))}},
-			Spec: clusterv1.MachineSetSpec{ClusterName: cluster, Replicas: ptr.To(replicas[name]),
-				Selector: metav1.LabelSelector{MatchLabels: sel}, Template: md.Spec.Template},
-		}
+		ms := newMachineSet(md, name+"-ms", w.now.Add(-31*24*time.Hour), "1", replicas[name])
+		ms.UID = types.UID("uid-ms-" + name)
 		w.must(w.hub.API.Create(context.Background(), ms))
 		w.mds = append(w.mds, name)
 	}

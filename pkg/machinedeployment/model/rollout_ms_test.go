@@ -1,0 +1,185 @@
+package model
+
+import (
+	"testing"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+)
+
+// Several MachineSets (docs/design/machinedeployment-binding.md, "Which
+// MachineSet loses a replica"): during a rollout Cluster API does not take
+// a lowering of the MachineDeployment's replicas from the MachineSet of the
+// Machine the provider marked. Under OnDelete it takes it from the oldest
+// out-of-date MachineSet first; a mark on a Machine of the new MachineSet
+// covers nothing there, and the old MachineSet removes a running Machine
+// (here Karpenter's, bound to a NodeClaim that is not being deleted).
+
+// noneRemoved fails for each Machine a MachineSet removed while it ran
+// (a Node), unmarked, for a NodeClaim that was not being deleted.
+func (w *world) noneRemoved(t *testing.T, when string) {
+	t.Helper()
+	for _, r := range w.removedRunning {
+		t.Errorf("%s: %s", when, r)
+	}
+}
+
+// lives reports whether a Machine exists and is not being deleted.
+func (w *world) lives(name string) bool {
+	for _, m := range w.machines() {
+		if m.Name == name {
+			return m.DeletionTimestamp.IsZero()
+		}
+	}
+	return false
+}
+
+// launchOnCheap launches n NodeClaims, all on cheap, and returns them.
+func (w *world) launchOnCheap(t *testing.T, n int) []string {
+	t.Helper()
+	var claims []string
+	for range n {
+		claims = append(claims, w.newClaim())
+	}
+	w.mustLaunch(t, 20, claims...)
+	w.rounds(3, func() bool { return false }) // registered, settled
+	for _, c := range claims {
+		if m := w.machineOf(c); m == nil || m.Labels[clusterv1.MachineDeploymentNameLabel] != "cheap" {
+			t.Fatalf("NodeClaim %s launched on %v, want cheap", c, m)
+		}
+	}
+	return claims
+}
+
+// rolledOut changes cheap's template under the given strategy and lets
+// Cluster API make the new MachineSet; it returns the old and new
+// MachineSets' names.
+func (w *world) rolledOut(t *testing.T, onDelete bool) (string, string) {
+	t.Helper()
+	old := w.machineSetsOf(w.md("cheap"))
+	if len(old) != 1 {
+		t.Fatalf("cheap has %d MachineSets before the rollout, want 1", len(old))
+	}
+	w.now = w.now.Add(time.Second)
+	w.rollout("cheap", onDelete)
+	w.runMachineSets()
+	sets := w.machineSetsOf(w.md("cheap"))
+	if len(sets) != 2 {
+		t.Fatalf("cheap has %d MachineSets after the template change, want 2", len(sets))
+	}
+	return old[0].Name, sets[1].Name
+}
+
+// settleRollout ends the rollout as its user would (OnDelete: deleting the
+// old MachineSet's Machines), lets everything settle, and checks that no
+// NodeClaim hangs and the replicas converge.
+func (w *world) settleRollout(t *testing.T) {
+	t.Helper()
+	w.settle()
+	w.noFailures(t)
+	if w.rolling() {
+		t.Errorf("cheap still has an old MachineSet after settling")
+	}
+	for _, name := range w.claimNames() {
+		if c := w.claims[name]; !c.launched || c.deleting {
+			t.Errorf("NodeClaim %s hangs: launched %v, deleting %v", name, c.launched, c.deleting)
+		}
+	}
+}
+
+// TestALoweringDuringAnOnDeleteRolloutRemovesOnlyMarkedMachines: cheap
+// (OnDelete) runs NodeClaims a and b on its first MachineSet; its template
+// changes, and c, launched after, lands on the new MachineSet. c is
+// deleted: the provider marks c's Machine. Lowering the replicas now makes
+// Cluster API lower the old MachineSet, which removes a's or b's running
+// Machine (before the gate looked at MachineSets, bb65fe7: "MachineSet
+// cheap-ms removed Machine cheap-m3, running and bound to NodeClaim nc-1").
+// Whatever the provider does instead, neither a's nor b's Machine goes,
+// c's release completes, and once the user has rolled the old Machines by
+// hand everything settles (owned = bound, replicas = owned + others).
+func TestALoweringDuringAnOnDeleteRolloutRemovesOnlyMarkedMachines(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	w.launchOnCheap(t, 2)
+	oldSet, newSet := w.rolledOut(t, true)
+	c := w.launchOnCheap(t, 1)[0]
+	mc := w.machineOf(c)
+	if got := machineSetName(mc); got != newSet {
+		t.Fatalf("NodeClaim %s's Machine %s is in MachineSet %s, want the new one %s", c, mc.Name, got, newSet)
+	}
+	if n := len(w.oldMachines("cheap")); n != 2 {
+		t.Fatalf("the old MachineSet %s holds %d Machines, want a's and b's", oldSet, n)
+	}
+
+	// c is deleted (consolidation): core's termination releases its Machine.
+	w.startDeleting(c)
+	_ = w.remove(c)
+	w.runMachineSets() // Cluster API sees the write
+	w.noneRemoved(t, "once Cluster API saw c's release")
+	w.rounds(20, func() bool { _, ok := w.claims[c]; return !ok })
+	w.noneRemoved(t, "once c's release finished")
+	if _, ok := w.claims[c]; ok {
+		t.Errorf("NodeClaim %s still terminating 20 rounds after its release", c)
+	}
+	w.noFailures(t)
+
+	w.settleRollout(t)
+}
+
+// TestALoweringDuringARollingUpdateRemovesOnlyMarkedMachines: the same
+// under RollingUpdate (maxSurge 1, maxUnavailable 0). The user's two
+// Machines are being replaced; c, launched during the rollout, is bound to
+// a Machine of the new MachineSet. Cluster API has just taken the old
+// MachineSet down to one Machine (the user's) and not raised the new one
+// again: as many Machines as replicas. c is deleted: lowering the replicas
+// would make Cluster API take the old MachineSet's last Machine, running,
+// before its replacement exists, and keep c's marked Machine.
+func TestALoweringDuringARollingUpdateRemovesOnlyMarkedMachines(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 2, "dear": 0}, nil, nil)
+	w.reconcile()
+	_, newSet := w.rolledOut(t, false) // the new MachineSet makes its surge Machine
+	w.now = w.now.Add(time.Second)
+	c := w.newClaim()
+	_ = w.create(c)    // raised: 3 replicas
+	w.runMachineSets() // the new MachineSet grows to 2: c's Machine
+	mc := w.bindNow(t, c)
+	if got := machineSetName(mc); got != newSet {
+		t.Fatalf("NodeClaim %s's Machine %s is in MachineSet %s, want the new one %s", c, mc.Name, got, newSet)
+	}
+	w.runInfrastructure()
+	w.runInfrastructure()
+	w.hub.Sync()
+	if err := w.create(c); err != nil {
+		t.Fatalf("NodeClaim %s not launched: %v", c, err)
+	}
+	w.register()
+	// Both new Machines are available: Cluster API takes one of the
+	// user's old Machines.
+	w.runMachineSets()
+	old := w.oldMachines("cheap")
+	if len(old) != 1 || !w.userOwned[old[0].Name] {
+		var names []string
+		for _, m := range old {
+			names = append(names, m.Name)
+		}
+		t.Fatalf("the old MachineSet holds %v, want one of the user's Machines", names)
+	}
+	if r, live := w.replicas("cheap"), w.liveMachines("cheap"); r != 3 || live != 3 {
+		t.Fatalf("cheap has %d replicas and %d live Machines, want 3 and 3", r, live)
+	}
+	w.hub.Sync()
+
+	w.startDeleting(c)
+	_ = w.remove(c)
+	w.runMachineSets() // Cluster API sees the write
+	if !w.lives(old[0].Name) {
+		t.Errorf("the user's running Machine %s was removed for %s's release, before its replacement", old[0].Name, c)
+	}
+	w.rounds(20, func() bool { _, ok := w.claims[c]; return !ok })
+	w.noneRemoved(t, "once c's release finished")
+	if _, ok := w.claims[c]; ok {
+		t.Errorf("NodeClaim %s still terminating 20 rounds after its release", c)
+	}
+	w.noFailures(t)
+	w.settleRollout(t)
+}
