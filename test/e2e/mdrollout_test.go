@@ -73,7 +73,7 @@ func TestAnOnDeleteRolloutNeverCostsARunningNodeOfTheOldMachineSet(t *testing.T)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	var mu sync.Mutex
-	var removed []string
+	removed := map[string]bool{}
 	hubCache, _ := worldCaches(t)
 	inf, err := hubCache.GetInformer(watchCtx, &clusterv1.Machine{})
 	if err != nil {
@@ -83,7 +83,7 @@ func TestAnOnDeleteRolloutNeverCostsARunningNodeOfTheOldMachineSet(t *testing.T)
 		if m, ok := o.(*clusterv1.Machine); ok && !m.DeletionTimestamp.IsZero() {
 			if _, old := kept[m.Name]; old {
 				mu.Lock()
-				removed = append(removed, m.Name)
+				removed[m.Name] = true
 				mu.Unlock()
 			}
 		}
@@ -94,7 +94,7 @@ func TestAnOnDeleteRolloutNeverCostsARunningNodeOfTheOldMachineSet(t *testing.T)
 			if m, ok := o.(*clusterv1.Machine); ok {
 				if _, old := kept[m.Name]; old {
 					mu.Lock()
-					removed = append(removed, m.Name)
+					removed[m.Name] = true
 					mu.Unlock()
 				}
 			}

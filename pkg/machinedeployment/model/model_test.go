@@ -164,12 +164,44 @@ func (w *world) settle() {
 		}
 		w.act(rng)
 	}
-	for range 80 {
+	// At least 80 rounds (400 s), then until nothing has changed for 40
+	// (200 s, beyond every grace period), at most 1 000: replicas piled up
+	// during a long rollout take longer than 400 s to go back.
+	quiet, last := 0, ""
+	for i := 0; i < 1000 && (i < 80 || quiet < 40); i++ {
 		w.now = w.now.Add(5 * time.Second)
 		w.act(rng)
+		if fp := w.fingerprint(); fp == last {
+			quiet++
+		} else {
+			quiet, last = 0, fp
+		}
+		if i == 999 {
+			w.t.Logf("settle: still changing after %d rounds", i+1)
+		} else if i >= 80 && quiet >= 40 {
+			w.t.Logf("settle: nothing changed for 40 rounds after %d", i+1)
+		}
 	}
 	w.checkState()
 	w.checkSettled()
+}
+
+// fingerprint is what settling watches: the MachineDeployments' replicas
+// and annotations, the Machines (deleting, Node, annotations) and the
+// NodeClaims.
+func (w *world) fingerprint() string {
+	var b strings.Builder
+	for _, name := range w.mds {
+		md := w.md(name)
+		fmt.Fprintf(&b, "%s %d %v;", name, *md.Spec.Replicas, md.Annotations)
+	}
+	for _, m := range w.machines() {
+		fmt.Fprintf(&b, "%s %v %v %v;", m.Name, m.DeletionTimestamp.IsZero(), m.Status.NodeRef.IsDefined(), m.Annotations)
+	}
+	for _, name := range w.claimNames() {
+		fmt.Fprintf(&b, "%s %v;", name, *w.claims[name])
+	}
+	return b.String()
 }
 
 func seed() int64 {
