@@ -199,7 +199,7 @@ func (w *world) fingerprint() string {
 		fmt.Fprintf(&b, "%s %v %v %v;", m.Name, m.DeletionTimestamp.IsZero(), m.Status.NodeRef.IsDefined(), m.Annotations)
 	}
 	for _, name := range w.claimNames() {
-		fmt.Fprintf(&b, "%s %v;", name, *w.claims[name])
+		fmt.Fprintf(&b, "%s %v %v;", name, w.claims[name].launched, w.claims[name].deleting)
 	}
 	return b.String()
 }
