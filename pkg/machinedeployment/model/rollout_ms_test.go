@@ -5,6 +5,7 @@ import (
 	"time"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment/mdutil"
 )
 
 // Several MachineSets (docs/design/machinedeployment-binding.md, "Which
@@ -63,9 +64,22 @@ func (w *world) rolledOut(t *testing.T, onDelete bool) (string, string) {
 	w.now = w.now.Add(time.Second)
 	w.rollout("cheap", onDelete)
 	w.runMachineSets()
-	sets := w.machineSetsOf(w.md("cheap"))
+	md := w.md("cheap")
+	sets := w.machineSetsOf(md)
 	if len(sets) != 2 {
 		t.Fatalf("cheap has %d MachineSets after the template change, want 2", len(sets))
+	}
+	// As Cluster API's: the new MachineSet's template is the
+	// MachineDeployment's, the old one's is not, and the revisions follow.
+	if upToDate, _ := mdutil.MachineTemplateUpToDate(&sets[0].Spec.Template, &md.Spec.Template); upToDate {
+		t.Fatalf("the old MachineSet %s is up to date with the new template", sets[0].Name)
+	}
+	if upToDate, _ := mdutil.MachineTemplateUpToDate(&sets[1].Spec.Template, &md.Spec.Template); !upToDate {
+		t.Fatalf("the new MachineSet %s is not up to date with the template", sets[1].Name)
+	}
+	if r := md.Annotations[clusterv1.RevisionAnnotation]; r != "2" || sets[1].Annotations[clusterv1.RevisionAnnotation] != r || sets[0].Annotations[clusterv1.RevisionAnnotation] != "1" {
+		t.Fatalf("revisions: MachineDeployment %q, MachineSets %q and %q; want 2, 1 and 2", r,
+			sets[0].Annotations[clusterv1.RevisionAnnotation], sets[1].Annotations[clusterv1.RevisionAnnotation])
 	}
 	return old[0].Name, sets[1].Name
 }
@@ -104,8 +118,8 @@ func TestALoweringDuringAnOnDeleteRolloutRemovesOnlyMarkedMachines(t *testing.T)
 	oldSet, newSet := w.rolledOut(t, true)
 	c := w.launchOnCheap(t, 1)[0]
 	mc := w.machineOf(c)
-	if got := machineSetName(mc); got != newSet {
-		t.Fatalf("NodeClaim %s's Machine %s is in MachineSet %s, want the new one %s", c, mc.Name, got, newSet)
+	if got := machineSetName(mc); got != newSet || mc.Labels[clusterv1.MachineSetNameLabel] != newSet {
+		t.Fatalf("NodeClaim %s's Machine %s is in MachineSet %s (label %q), want the new one %s", c, mc.Name, got, mc.Labels[clusterv1.MachineSetNameLabel], newSet)
 	}
 	if n := len(w.oldMachines("cheap")); n != 2 {
 		t.Fatalf("the old MachineSet %s holds %d Machines, want a's and b's", oldSet, n)
