@@ -468,11 +468,13 @@ func withReplicas(md *clusterv1.MachineDeployment, r int32) *clusterv1.MachineDe
 func capiExtraRemovals(md *clusterv1.MachineDeployment, msets []*clusterv1.MachineSet, machines []clusterv1.Machine, x int32, now metav1.Time) (int, string) {
 	r0 := ptr.Deref(md.Spec.Replicas, 0)
 	state := capiState(md, msets, machines, now)
+	worst, which := 0, ""
 	for gen := 0; gen < 4; gen++ {
 		base, _ := unmarkedOf(capiSimulate(md, cloneSets(state)))
 		at, names := unmarkedOf(capiSimulate(withReplicas(md, x), cloneSets(state)))
-		if at > base {
-			return at - base, fmt.Sprintf("%s (after %d Cluster API pass(es) at %d; MachineSets %s)", strings.Join(names, ", "), gen, r0, describeSets(state))
+		if at-base > worst {
+			worst = at - base
+			which = fmt.Sprintf("%s (after %d Cluster API pass(es) at %d; MachineSets %s)", strings.Join(names, ", "), gen, r0, describeSets(state))
 		}
 		// Cluster API catches up with r0 before it sees the write: the
 		// MachineSets take their replicas, remove their excess, and make
@@ -494,7 +496,7 @@ func capiExtraRemovals(md *clusterv1.MachineDeployment, msets []*clusterv1.Machi
 		}
 		state = next
 	}
-	return 0, ""
+	return worst, which
 }
 
 func sameSpecs(a, b []*capiSet) bool {
