@@ -72,6 +72,11 @@ func (p *Provider) release(ctx context.Context, claim string, m *clusterv1.Machi
 		if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
 			return err
 		}
+	case in.err != nil && isNotCovered(in.err) && why == whyFailedLaunch:
+		// The Machine is marked (no longer the claim's) and its replica
+		// owed: the controller's pass lowers it once covered. The launch
+		// fails over now; an error here would have core retry Create on
+		// this MachineDeployment, raising a replica per retry.
 	case in.err != nil && isNotCovered(in.err):
 		return fmt.Errorf("releasing Machine %s/%s of NodeClaim %s: %w", m.Namespace, m.Name, claim, in.err)
 	case in.err != nil:

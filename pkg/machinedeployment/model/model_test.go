@@ -257,9 +257,17 @@ func runModel(t *testing.T, s int64, n int) {
 	if os.Getenv("MODEL_TRACE") != "" {
 		w.trace = func(what string) { trail = append(trail, what) }
 	}
+	peakMachines, peakSurplus := 0, 0
 	for i := 0; i < n && len(w.failures) == 0; i++ {
 		w.step(rng, func(what string) { trail = append(trail, fmt.Sprintf("%d: %s", i, what)) })
 		done++
+		live := 0
+		for _, m := range w.machines() {
+			if m.DeletionTimestamp.IsZero() && !w.userOwned[m.Name] {
+				live++
+			}
+		}
+		peakMachines, peakSurplus = max(peakMachines, live), max(peakSurplus, live-len(w.claims))
 	}
 	if len(w.failures) == 0 {
 		w.settle()
@@ -275,8 +283,8 @@ func runModel(t *testing.T, s int64, n int) {
 		t.Fatalf("seed %d: invariants broken:\n  %s\nlast steps:\n  %s", s, strings.Join(dedupe(w.failures), "\n  "), strings.Join(trail, "\n  "))
 	}
 	el := time.Since(start)
-	t.Logf("seed %d: %d steps in %s (%.0f steps/s); so far in this process: replicas held for a next NodeClaim %.0f, reservations taken over %.0f, Machines adopted %.0f",
-		s, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), soFar("held"), soFar("taken_over"), soFar("adopted"))
+	t.Logf("seed %d: %d steps in %s (%.0f steps/s); at most %d live Machines not someone else's, at most %d beyond the NodeClaims; so far in this process: replicas held for a next NodeClaim %.0f, reservations taken over %.0f, Machines adopted %.0f",
+		s, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), peakMachines, peakSurplus, soFar("held"), soFar("taken_over"), soFar("adopted"))
 }
 
 func dedupe(in []string) []string {

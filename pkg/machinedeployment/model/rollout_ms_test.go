@@ -1,11 +1,13 @@
 package model
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment/mdutil"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 )
 
 // Several MachineSets (docs/design/machinedeployment-binding.md, "Which
@@ -194,6 +196,49 @@ func TestALoweringDuringARollingUpdateRemovesOnlyMarkedMachines(t *testing.T) {
 	if _, ok := w.claims[c]; ok {
 		t.Errorf("NodeClaim %s still terminating 20 rounds after its release", c)
 	}
+	w.noFailures(t)
+	w.settleRollout(t)
+}
+
+// TestAFailedLaunchDuringAnOnDeleteRolloutFailsOver: cheap (OnDelete) runs
+// a and b on its old MachineSet; its template changes and its capacity is
+// exhausted. NodeClaim c raises on cheap, its Machine comes from the new
+// MachineSet and fails to launch. The provider marks it, but may not lower
+// (Cluster API would take the old MachineSet's a or b): the failed Machine
+// waits for its lowering, and c's launch fails over (InsufficientCapacity:
+// core deletes c and chooses again) rather than retrying on cheap, which
+// raised one more replica per retry (seed 5 of the model went from 17 to 26
+// replicas for two NodeClaims before 2000 steps).
+func TestAFailedLaunchDuringAnOnDeleteRolloutFailsOver(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	w.reconcile()
+	w.launchOnCheap(t, 2)
+	w.rolledOut(t, true)
+	w.exhausted["cheap"] = true
+	before := w.replicas("cheap")
+	c := w.newClaim()
+	err := errors.New("not tried")
+	for i := 0; i < 12 && err != nil && !cloudprovider.IsInsufficientCapacityError(err); i++ {
+		w.now = w.now.Add(time.Second)
+		err = w.create(c)
+		w.runMachineSets()
+		w.hub.Sync()
+		w.reconcile()
+		w.runInfrastructure()
+		w.hub.Sync()
+	}
+	// Failed over: launched on dear (Launch chooses again at once), or
+	// InsufficientCapacity for core to choose again.
+	if err != nil && !cloudprovider.IsInsufficientCapacityError(err) {
+		t.Fatalf("NodeClaim %s's launch never failed over: last error %v; cheap's replicas %d -> %d", c, err, before, w.replicas("cheap"))
+	}
+	if m := w.machineOf(c); err == nil && (m == nil || m.Labels[clusterv1.MachineDeploymentNameLabel] != "dear") {
+		t.Fatalf("NodeClaim %s launched on %v, want dear", c, m)
+	}
+	if r := w.replicas("cheap"); r > before+1 {
+		t.Fatalf("cheap's replicas went %d -> %d for one NodeClaim's failed launch", before, r)
+	}
+	w.noneRemoved(t, "after the failed launch")
 	w.noFailures(t)
 	w.settleRollout(t)
 }
