@@ -11,10 +11,12 @@ import (
 	"sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment/mdutil"
 )
 
-// errLowersElsewhere: Cluster API takes a lowering from another
-// MachineSet than the marked Machine's (an OnDelete rollout lowers its
-// oldest out-of-date MachineSet first), so the mark cannot cover it.
-var errLowersElsewhere = fmt.Errorf("%w: Cluster API lowers another MachineSet first (a rollout is in progress)", errNotCovered)
+// errLowersElsewhere: during a rollout Cluster API takes a lowering from
+// another MachineSet than the marked Machine's (an OnDelete rollout lowers
+// its oldest out-of-date MachineSet first), or from one that cannot be told
+// (a rolling update spreads it), so the mark cannot cover it. Release
+// removes the Machine directly then (design doc, "Release").
+var errLowersElsewhere = fmt.Errorf("%w: during a rollout Cluster API would take it from another MachineSet", errNotCovered)
 
 // lowering is what Cluster API does with a lowering of a MachineDeployment's
 // spec.replicas: which MachineSet loses the replicas and which Machines it
@@ -62,13 +64,13 @@ func lowers(md *clusterv1.MachineDeployment, sets []*clusterv1.MachineSet, machi
 	case sets == nil:
 		return lowering{err: errors.New("the MachineDeployment's Machines belong to several MachineSets")}
 	case ptr.Deref(md.Spec.Paused, false):
-		return lowering{err: fmt.Errorf("%w: the MachineDeployment is paused with several MachineSets", errNotCovered)}
+		return lowering{err: fmt.Errorf("%w: the MachineDeployment is paused with several MachineSets", errLowersElsewhere)}
 	case md.Spec.Rollout.Strategy.Type != clusterv1.OnDeleteMachineDeploymentStrategyType:
-		return lowering{err: fmt.Errorf("%w: a rolling update is in progress", errNotCovered)}
+		return lowering{err: fmt.Errorf("%w: a rolling update is in progress", errLowersElsewhere)}
 	}
 	for name := range bySet {
 		if name == "" || !containsSet(sets, name) {
-			return lowering{err: fmt.Errorf("%w: a Machine of the MachineDeployment belongs to no MachineSet the provider reads", errNotCovered)}
+			return lowering{err: fmt.Errorf("%w: a Machine of the MachineDeployment belongs to no MachineSet the provider reads", errLowersElsewhere)}
 		}
 	}
 	// OnDelete (reconcileOldMachineSetsOnDelete): out-of-date MachineSets
@@ -81,13 +83,13 @@ func lowers(md *clusterv1.MachineDeployment, sets []*clusterv1.MachineSet, machi
 		sum += ptr.Deref(ms.Spec.Replicas, 0)
 	}
 	if sum != r0 {
-		return lowering{err: fmt.Errorf("%w: the MachineSets' replicas (%d) have not caught up with the MachineDeployment's (%d)", errNotCovered, sum, r0)}
+		return lowering{err: fmt.Errorf("%w: the MachineSets' replicas (%d) have not caught up with the MachineDeployment's (%d)", errLowersElsewhere, sum, r0)}
 	}
 	sort.Sort(mdutil.MachineSetsByCreationTimestamp(old))
 	for _, ms := range old {
 		spec := ptr.Deref(ms.Spec.Replicas, 0)
 		if spec > 0 && (spec != ptr.Deref(ms.Status.Replicas, 0) || spec != int32(len(bySet[ms.Name]))) {
-			return lowering{err: fmt.Errorf("%w: MachineSet %s has %d replicas and %d Machines", errNotCovered, ms.Name, spec, len(bySet[ms.Name]))}
+			return lowering{err: fmt.Errorf("%w: MachineSet %s has %d replicas and %d Machines", errLowersElsewhere, ms.Name, spec, len(bySet[ms.Name]))}
 		}
 	}
 	for _, ms := range old {
@@ -103,7 +105,7 @@ func lowers(md *clusterv1.MachineDeployment, sets []*clusterv1.MachineSet, machi
 			return lowering{set: ms.Name, machines: bySet[ms.Name], base: spec, room: spec}
 		}
 	}
-	return lowering{err: fmt.Errorf("%w: no MachineSet has replicas to lose", errNotCovered)}
+	return lowering{err: fmt.Errorf("%w: no MachineSet has replicas to lose", errLowersElsewhere)}
 }
 
 // covers reports whether a lowering taken off l.set can be covered by a

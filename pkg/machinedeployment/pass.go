@@ -389,7 +389,9 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			}
 			fallthrough
 		case claimPending:
-			if !settled(cnt, r) || cnt.marked > 0 || now.Sub(e.at) < OrphanGrace {
+			// Settled means one MachineSet with as many Machines as
+			// replicas: during a rollout nothing is handed over.
+			if !settled(cnt, r) || cnt.marked > 0 || low.set != "" || low.err != nil || now.Sub(e.at) < OrphanGrace {
 				later(openRecheck)
 				continue
 			}
@@ -408,7 +410,7 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 
 	// Spare replicas nothing accounts for (no marked Machine owes them):
 	// left to others once the MachineSet has settled.
-	if spare > 0 && cnt.marked == 0 && settled(cnt, r) {
+	if spare > 0 && cnt.marked == 0 && settled(cnt, r) && low.set == "" && low.err == nil {
 		if since("spare") >= OrphanGrace {
 			intents = append(intents, &intent{kind: intentSpare})
 		} else {

@@ -62,13 +62,14 @@ func (p *Provider) release(ctx context.Context, claim string, m *clusterv1.Machi
 			return err
 		}
 	case errors.Is(in.err, errLowersElsewhere) && why != whyFailedLaunch:
-		// An OnDelete rollout: Cluster API takes a lowering from its
-		// oldest out-of-date MachineSet, not this Machine's, and may not
-		// until the rollout ends. The provider removes exactly this
-		// Machine; its replica stays Karpenter's (reclaimed for the
-		// NodeClaim, then taken by the next one or given back once the
-		// rollout lets it). A failed launch's Machine, which costs
-		// nothing, waits for its lowering instead.
+		// A rollout: Cluster API would take a lowering from another
+		// MachineSet than this Machine's (OnDelete: its oldest
+		// out-of-date one; a rolling update spreads it), maybe until the
+		// rollout ends. The provider removes exactly this Machine; its
+		// replica stays Karpenter's (reclaimed for the NodeClaim, then
+		// taken by the next one or given back once the rollout lets it),
+		// and the NodeClaim's termination completes. A failed launch's
+		// Machine, which costs nothing, waits for its lowering instead.
 		if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
 			return err
 		}
