@@ -29,17 +29,9 @@ func TestAnOnDeleteRolloutNeverCostsARunningNodeOfTheOldMachineSet(t *testing.T)
 	const name = "mdr-ondelete"
 	app := name + "-app"
 	pool(t, name)
-	np := &karpv1.NodePool{}
-	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: name}, np); err != nil {
-		t.Fatal(err)
-	}
 	// No disruption of Karpenter's own (drift would replace the old nodes):
 	// only the deletion below removes a node.
-	patch := client.MergeFrom(np.DeepCopy())
-	np.Spec.Disruption.Budgets = []karpv1.Budget{{Nodes: "0"}}
-	if err := w.Spoke.Client.Patch(ctx, np, patch); err != nil {
-		t.Fatal(err)
-	}
+	budget(t, name, "0")
 	for _, v := range []string{"-v1", "-v2"} {
 		if _, err := w.CreateAWSMachineTemplate(ctx, name+v, "m5.large", false); err != nil {
 			t.Fatal(err)
@@ -190,15 +182,7 @@ func TestAnOnDeleteRolloutNeverCostsARunningNodeOfTheOldMachineSet(t *testing.T)
 
 	// The rollout ends as Karpenter drives it: drift replaces the old
 	// nodes (one at a time), and nothing is left over.
-	np = &karpv1.NodePool{}
-	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: name}, np); err != nil {
-		t.Fatal(err)
-	}
-	patch = client.MergeFrom(np.DeepCopy())
-	np.Spec.Disruption.Budgets = []karpv1.Budget{{Nodes: "1"}}
-	if err := w.Spoke.Client.Patch(ctx, np, patch); err != nil {
-		t.Fatal(err)
-	}
+	budget(t, name, "1")
 	if err := WaitFor(ctx, 6*time.Minute, func(ctx context.Context) (bool, error) {
 		onNew, onOld, err := machinesByTemplate(ctx, name, name+"-v2")
 		if err != nil {
@@ -225,4 +209,19 @@ func mdMachines(ctx context.Context, md string) ([]clusterv1.Machine, error) {
 		return nil, fmt.Errorf("listing Machines of MachineDeployment %s: %w", md, err)
 	}
 	return list.Items, nil
+}
+
+// budget sets a NodePool's only disruption budget to nodes.
+func budget(t testing.TB, pool, nodes string) {
+	t.Helper()
+	ctx := context.Background()
+	np := &karpv1.NodePool{}
+	if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: pool}, np); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(np.DeepCopy())
+	np.Spec.Disruption.Budgets = []karpv1.Budget{{Nodes: nodes}}
+	if err := w.Spoke.Client.Patch(ctx, np, patch); err != nil {
+		t.Fatal(err)
+	}
 }

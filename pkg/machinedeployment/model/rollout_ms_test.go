@@ -27,6 +27,18 @@ func (w *world) noneRemoved(t *testing.T, when string) {
 	}
 }
 
+// releaseFinishes lets the world run until NodeClaim c's release is over
+// and checks it finished with no running Machine removed and no failure.
+func (w *world) releaseFinishes(t *testing.T, c string) {
+	t.Helper()
+	w.rounds(20, func() bool { _, ok := w.claims[c]; return !ok })
+	w.noneRemoved(t, "once "+c+"'s release finished")
+	if _, ok := w.claims[c]; ok {
+		t.Errorf("NodeClaim %s still terminating 20 rounds after its release", c)
+	}
+	w.noFailures(t)
+}
+
 // lives reports whether a Machine exists and is not being deleted.
 func (w *world) lives(name string) bool {
 	for _, m := range w.machines() {
@@ -132,12 +144,7 @@ func TestALoweringDuringAnOnDeleteRolloutRemovesOnlyMarkedMachines(t *testing.T)
 	_ = w.remove(c)
 	w.runMachineSets() // Cluster API sees the write
 	w.noneRemoved(t, "once Cluster API saw c's release")
-	w.rounds(20, func() bool { _, ok := w.claims[c]; return !ok })
-	w.noneRemoved(t, "once c's release finished")
-	if _, ok := w.claims[c]; ok {
-		t.Errorf("NodeClaim %s still terminating 20 rounds after its release", c)
-	}
-	w.noFailures(t)
+	w.releaseFinishes(t, c)
 
 	w.settleRollout(t)
 }
@@ -191,12 +198,7 @@ func TestALoweringDuringARollingUpdateRemovesOnlyMarkedMachines(t *testing.T) {
 	if !w.lives(old[0].Name) {
 		t.Errorf("the user's running Machine %s was removed for %s's release, before its replacement", old[0].Name, c)
 	}
-	w.rounds(20, func() bool { _, ok := w.claims[c]; return !ok })
-	w.noneRemoved(t, "once c's release finished")
-	if _, ok := w.claims[c]; ok {
-		t.Errorf("NodeClaim %s still terminating 20 rounds after its release", c)
-	}
-	w.noFailures(t)
+	w.releaseFinishes(t, c)
 	w.settleRollout(t)
 }
 
