@@ -33,12 +33,16 @@ func (c *CloudProvider) pricedInstanceTypes(ctx context.Context, nodeClaim *karp
 	return its
 }
 
-// cheapest picks the cheapest available offering compatible with the
-// NodeClaim's requirements and resources, by the prices of its, and the
-// object of the set to launch it from.
-func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClaim *karpv1.NodeClaim) (instancetype.Source, error) {
+// cheapest returns the objects of the set that launch the cheapest available
+// offering compatible with the NodeClaim's requirements and resources, by
+// the prices of its: every available source of every offering at that
+// price, the one found first (by instance type, offering and origin order)
+// first. Several are returned when offerings or origins tie; which of them
+// launches is the mode's choice (launch.Choose). Never empty without an
+// error.
+func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClaim *karpv1.NodeClaim) ([]instancetype.Source, error) {
 	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
-	var best *instancetype.Source
+	var best []instancetype.Source
 	bestPrice := 0.0
 	var why []string
 	for _, it := range its {
@@ -59,28 +63,45 @@ func cheapest(set *instancetype.Set, its []*cloudprovider.InstanceType, nodeClai
 		}
 		for _, of := range compatible {
 			key := instancetype.KeyOf(it.Name, of)
-			found := false
+			// The key's origins come cheapest first: the offering's price is
+			// the first available one's, and only origins of its own price
+			// tie with it.
+			var first *instancetype.Source
 			for _, src := range set.Origins[key] {
-				if !src.Available {
+				if !src.Available || (first != nil && src.Price != first.Price) {
 					continue
 				}
-				found = true
-				if best == nil || of.Price < bestPrice {
-					s := src
-					best, bestPrice = &s, of.Price
+				if first == nil {
+					first = &src
 				}
-				break
+				switch {
+				case best == nil || of.Price < bestPrice:
+					best, bestPrice = []instancetype.Source{src}, of.Price
+				case of.Price == bestPrice && !hasOrigin(best, src):
+					best = append(best, src)
+				}
 			}
-			if !found {
+			if first == nil {
 				why = append(why, fmt.Sprintf("%s in %s (%s): unavailable", it.Name, zoneName(key.Zone), key.CapacityType))
 			}
 		}
 	}
 	if best == nil {
-		return instancetype.Source{}, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: no available offering fits its requirements and resources: %s",
+		return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: no available offering fits its requirements and resources: %s",
 			nodeClaim.Name, truncate(strings.Join(why, "; "))))
 	}
-	return *best, nil
+	return best, nil
+}
+
+// hasOrigin reports whether srcs launch from src's object already (an
+// instance type listed twice, or a template serving several offerings).
+func hasOrigin(srcs []instancetype.Source, src instancetype.Source) bool {
+	for _, s := range srcs {
+		if s.Origin == src.Origin && s.Zone == src.Zone && s.CapacityType == src.CapacityType && s.Name == src.Name {
+			return true
+		}
+	}
+	return false
 }
 
 // zoneName names a zone in messages; an offering without one is in no

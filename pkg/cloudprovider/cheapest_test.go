@@ -1,6 +1,7 @@
 package cloudprovider
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,10 +46,11 @@ func TestCheapestFindsOfferingsWithoutAZone(t *testing.T) {
 		{"a zone ruled out", claim(karpv1.NodeSelectorRequirementWithMinValues{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"us-east-1b"}}), "workers-spot"},
 	} {
 		for i := 0; i < 50; i++ {
-			src, err := cheapest(set, set.InstanceTypes, tc.nc)
+			srcs, err := cheapest(set, set.InstanceTypes, tc.nc)
 			if err != nil {
 				t.Fatalf("%s, call %d: %v", tc.name, i, err)
 			}
+			src := srcs[0]
 			if src.Origin.Name != tc.want {
 				t.Fatalf("%s, call %d: launched from %s, want %s", tc.name, i, src.Origin.Name, tc.want)
 			}
@@ -72,9 +74,9 @@ func TestCheapestOneZoneOfThree(t *testing.T) {
 		nc   *karpv1.NodeClaim
 		want string
 	}{{claim(), "in-a"}, {zone("us-east-1a"), "in-a"}} {
-		src, err := cheapest(set, set.InstanceTypes, tc.nc)
-		if err != nil || src.Origin.Name != tc.want {
-			t.Fatalf("requirements %v: got %s (%v), want %s", tc.nc.Spec.Requirements, src.Origin.Name, err, tc.want)
+		srcs, err := cheapest(set, set.InstanceTypes, tc.nc)
+		if err != nil || len(srcs) != 1 || srcs[0].Origin.Name != tc.want {
+			t.Fatalf("requirements %v: got %v (%v), want %s", tc.nc.Spec.Requirements, srcs, err, tc.want)
 		}
 	}
 	// Cheaper in no particular zone: still only for NodeClaims without a zone.
@@ -86,12 +88,52 @@ func TestCheapestOneZoneOfThree(t *testing.T) {
 		nc   *karpv1.NodeClaim
 		want string
 	}{{claim(), "anywhere"}, {zone("us-east-1a"), "in-a"}} {
-		src, err := cheapest(set, set.InstanceTypes, tc.nc)
-		if err != nil || src.Origin.Name != tc.want {
-			t.Fatalf("requirements %v: got %s (%v), want %s", tc.nc.Spec.Requirements, src.Origin.Name, err, tc.want)
+		srcs, err := cheapest(set, set.InstanceTypes, tc.nc)
+		if err != nil || len(srcs) != 1 || srcs[0].Origin.Name != tc.want {
+			t.Fatalf("requirements %v: got %v (%v), want %s", tc.nc.Spec.Requirements, srcs, err, tc.want)
 		}
 	}
-	if src, err := cheapest(set, set.InstanceTypes, zone("us-east-1c")); err == nil || !corecloudprovider.IsInsufficientCapacityError(err) {
-		t.Fatalf("a NodeClaim asking for us-east-1c got %s (%v), want an insufficient capacity error", src.Origin.Name, err)
+	if srcs, err := cheapest(set, set.InstanceTypes, zone("us-east-1c")); err == nil || !corecloudprovider.IsInsufficientCapacityError(err) {
+		t.Fatalf("a NodeClaim asking for us-east-1c got %v (%v), want an insufficient capacity error", srcs, err)
 	}
+}
+
+// Equal prices: every source of the cheapest price comes back, the one
+// found first first (the mode chooses among them); a cheaper one alone wins.
+func TestCheapestReturnsEveryTie(t *testing.T) {
+	set := instancetype.Build([]instancetype.Source{
+		source("md-b", "us-east-1a", karpv1.CapacityTypeOnDemand, 0.096),
+		source("md-a", "us-east-1a", karpv1.CapacityTypeOnDemand, 0.096),
+		source("md-c", "us-east-1b", karpv1.CapacityTypeOnDemand, 0.096),
+		source("md-dear", "us-east-1c", karpv1.CapacityTypeOnDemand, 0.2),
+	})
+	srcs, err := cheapest(set, set.InstanceTypes, claim())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range srcs {
+		got = append(got, s.Origin.Name)
+	}
+	if len(got) != 3 || !slices.Contains(got, "md-a") || !slices.Contains(got, "md-b") || !slices.Contains(got, "md-c") {
+		t.Fatalf("ties %v, want md-a, md-b and md-c", got)
+	}
+	for i := 0; i < 20; i++ {
+		again, _ := cheapest(set, set.InstanceTypes, claim())
+		if again[0].Origin != srcs[0].Origin {
+			t.Fatalf("first tie %s, then %s: the first must not change between calls", srcs[0].Origin, again[0].Origin)
+		}
+	}
+	cheaper := instancetype.Build(append(slices.Clone(sourcesOf(set)), source("md-cheap", "us-east-1c", karpv1.CapacityTypeOnDemand, 0.05)))
+	if srcs, err := cheapest(cheaper, cheaper.InstanceTypes, claim()); err != nil || len(srcs) != 1 || srcs[0].Origin.Name != "md-cheap" {
+		t.Fatalf("with a cheaper offering: %v (%v), want md-cheap alone", srcs, err)
+	}
+}
+
+func sourcesOf(set *instancetype.Set) []instancetype.Source {
+	var out []instancetype.Source
+	for _, srcs := range set.Origins {
+		out = append(out, srcs...)
+	}
+	return out
 }

@@ -210,9 +210,9 @@ func (c *CloudProvider) notDeleting(ctx context.Context, nodeClaim *karpv1.NodeC
 // all provisioning) for minutes more (conformance run F, Machine mode,
 // regression/Utilization).
 func (c *CloudProvider) chooser(ctx context.Context, nodeClaim *karpv1.NodeClaim) launch.Choose {
-	return func(set *instancetype.Set) (instancetype.Source, error) {
+	return func(set *instancetype.Set) ([]instancetype.Source, error) {
 		if err := c.notDeleting(ctx, nodeClaim); err != nil {
-			return instancetype.Source{}, err
+			return nil, err
 		}
 		return cheapest(set, c.pricedInstanceTypes(ctx, nodeClaim, set), nodeClaim)
 	}

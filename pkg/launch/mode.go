@@ -20,13 +20,16 @@ var ErrMachineGone = errors.New("machine not found")
 // launch goes on and the next call resumes it.
 var ErrStillLaunching = errors.New("machine has no providerID yet")
 
-// Choose picks the cheapest available offering of a set that the NodeClaim
-// fits, and returns the source to launch it from. It is the cloud
-// provider's (prices are what Karpenter schedules with, NodeOverlays
-// applied); a mode calls it again after marking a failed offering
-// unavailable, to fall back within one launch. It fails for a NodeClaim
-// that is being deleted, so that no new Machine is made for it.
-type Choose func(*instancetype.Set) (instancetype.Source, error)
+// Choose finds the cheapest available offerings of a set that the NodeClaim
+// fits, and returns the sources that launch them: one, or several when
+// offerings or origins tie on price, the first being the one found first in
+// the set's order. Price is the cloud provider's call (prices are what
+// Karpenter schedules with, NodeOverlays applied); which of equal sources
+// launches is the mode's. A mode calls it again after marking a failed
+// offering unavailable, to fall back within one launch. It fails for a
+// NodeClaim that is being deleted, so that no new Machine is made for it,
+// and never returns an empty list without an error.
+type Choose func(*instancetype.Set) ([]instancetype.Source, error)
 
 // Launched is a Machine whose instance has a providerID, launched for a
 // NodeClaim.

@@ -67,7 +67,13 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 	for attempt := 0; ; attempt++ {
 		var err error
 		machine, err = m.p.Launch(ctx, nc, nodeClaim.Name, nodeClaim.Labels, attempt, failed, recorded, record, func(r *Resolved) (instancetype.Source, error) {
-			return choose(r.Set)
+			// Among equal prices, the first: Machines of any template are
+			// created in parallel, so nothing is gained by spreading.
+			srcs, err := choose(r.Set)
+			if err != nil {
+				return instancetype.Source{}, err
+			}
+			return srcs[0], nil
 		})
 		var fe *failedLaunchError
 		if err == nil {

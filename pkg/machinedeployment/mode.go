@@ -72,7 +72,11 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 		if set, err = m.InstanceTypes(ctx, nc); err != nil {
 			return instancetype.Source{}, err
 		}
-		return choose(set)
+		srcs, err := choose(set)
+		if err != nil {
+			return instancetype.Source{}, err
+		}
+		return m.p.spread(ctx, nodeClaim.Name, srcs), nil
 	})
 	if err != nil {
 		return nil, err

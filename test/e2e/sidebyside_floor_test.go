@@ -63,32 +63,56 @@ func floorOf(mode string) string {
 	return ""
 }
 
-// machineDeploymentFloor: the very MachineDeployment the machinedeployment
-// contender uses (pool <pool>-md, a Karpenter member that no Karpenter
-// watches now), scaled from 0 to N in one write and back to 0 in one.
+// machineDeploymentFloor: the very MachineDeployments the machinedeployment
+// contender uses (pool <pool>-md and, with BENCH_MDS, <pool>-md-2 on:
+// Karpenter members that no Karpenter watches now), each scaled from 0 to
+// its share of N (N split as evenly as it goes) at once, and back to 0.
 func machineDeploymentFloor(tb testing.TB, ctx context.Context, pool string, n int) floorWrites {
 	tb.Helper()
 	poolIn(tb, w.Spoke.Client, pool, pool)
-	md := machineDeployment(tb, pool, pool+"-md", "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: fmt.Sprint(benchPrice)})
+	mds := benchMachineDeployments(tb, pool)
 	// The mode's run starts once its pool is ready, by when Cluster API has
-	// made the MachineDeployment's MachineSet: so does the floor's.
-	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		sets := &clusterv1.MachineSetList{}
-		err := w.Hub.Client.List(ctx, sets, client.InNamespace(w.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name})
-		return err == nil && len(sets.Items) == 1, err
-	}); err != nil {
-		tb.Fatalf("%s: MachineDeployment %s has no MachineSet: %v", pool, md.Name, err)
-	}
-	scale := func(replicas int32) func(context.Context) error {
-		return func(ctx context.Context) error {
-			patch := client.RawPatch(client.Merge.Type(), fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, replicas))
-			if err := w.Hub.Client.Patch(ctx, md.DeepCopy(), patch); err != nil {
-				return fmt.Errorf("scaling MachineDeployment %s/%s to %d: %w", md.Namespace, md.Name, replicas, err)
-			}
-			return nil
+	// made the MachineDeployments' MachineSets: so does the floor's.
+	for _, md := range mds {
+		if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+			sets := &clusterv1.MachineSetList{}
+			err := w.Hub.Client.List(ctx, sets, client.InNamespace(w.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name})
+			return err == nil && len(sets.Items) == 1, err
+		}); err != nil {
+			tb.Fatalf("%s: MachineDeployment %s has no MachineSet: %v", pool, md.Name, err)
 		}
 	}
-	return floorWrites{up: scale(int32(n)), down: scale(0), cleanup: func() { _ = w.Hub.Client.Delete(context.Background(), md) }}
+	scale := func(total int) func(context.Context) error {
+		return func(ctx context.Context) error {
+			errs := make(chan error, len(mds))
+			for i, md := range mds {
+				share := total / len(mds)
+				if i < total%len(mds) {
+					share++
+				}
+				go func() {
+					patch := client.RawPatch(client.Merge.Type(), fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, share))
+					if err := w.Hub.Client.Patch(ctx, md.DeepCopy(), patch); err != nil {
+						errs <- fmt.Errorf("scaling MachineDeployment %s/%s to %d: %w", md.Namespace, md.Name, share, err)
+						return
+					}
+					errs <- nil
+				}()
+			}
+			var first error
+			for range mds {
+				if err := <-errs; err != nil && first == nil {
+					first = err
+				}
+			}
+			return first
+		}
+	}
+	return floorWrites{up: scale(n), down: scale(0), cleanup: func() {
+		for _, md := range mds {
+			_ = w.Hub.Client.Delete(context.Background(), md)
+		}
+	}}
 }
 
 // machinesFloor: the machine contender's NodeClass and template, and N
@@ -279,6 +303,9 @@ func runFloor(tb testing.TB, f floor, o benchOptions) runResult {
 	}
 
 	r := runResult{Contender: f.name, FloorOf: f.of, N: o.N, DelayS: o.Delay.Seconds(), LoadAvg: loadAvg()}
+	if f.name == contenderFloorMD {
+		r.MachineDeployments = benchMDs
+	}
 	world0 := worldCPU(0)
 	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
 	start := time.Now()

@@ -22,6 +22,9 @@ import (
 //	BENCH_CONTENDERS   kwok,capi-md,machinedeployment,capi-machines,machine
 //	                   (default all five, in this order)
 //	BENCH_DELAY        infrastructure delay = kwok's registration delay (default 5s)
+//	BENCH_MDS          MachineDeployments of the same offering and price that the
+//	                   machinedeployment contender and its capi-md floor use
+//	                   (default 1; the floor scales each to its share of N)
 //	BENCH_PROFILE_DIR  write 20 s CPU profiles of each contender's process there
 //	BENCH_JSON         write the results there as JSON
 //
@@ -34,6 +37,13 @@ func BenchmarkSideBySide(b *testing.B) {
 			b.Fatalf("BENCH_DELAY: %v", err)
 		}
 		o.Delay = d
+	}
+	if v := os.Getenv("BENCH_MDS"); v != "" {
+		k, err := strconv.Atoi(v)
+		if err != nil || k <= 0 {
+			b.Fatalf("BENCH_MDS: %q is no positive count", v)
+		}
+		benchMDs = k
 	}
 	ns := []int{100, 500}
 	if v := os.Getenv("BENCH_N"); v != "" {
@@ -214,9 +224,13 @@ func printRun(out io.Writer, r runResult) {
 		printBreakdown(out, r)
 		return
 	}
-	fmt.Fprintf(out, "%s, %d pods (infrastructure delay %.0fs, load %s): all Running in %.1fs (pod start p50 %.1fs, p100 %.1fs), back to 0 in %.1fs; "+
+	over := ""
+	if r.MachineDeployments > 1 {
+		over = fmt.Sprintf(" over %d MachineDeployments", r.MachineDeployments)
+	}
+	fmt.Fprintf(out, "%s%s, %d pods (infrastructure delay %.0fs, load %s): all Running in %.1fs (pod start p50 %.1fs, p100 %.1fs), back to 0 in %.1fs; "+
 		"process CPU %.1fs, peak RSS %.0f MiB, writes/node hub %.2f spoke %.2f; world CPU %.1fs; peak NodeClaims %d, Nodes %d, Machines %d, Machines beyond NodeClaims %d; the run took %.0fs\n",
-		r.Contender, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.PodStartP100S, r.ScaleDownS,
+		r.Contender, over, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.PodStartP100S, r.ScaleDownS,
 		r.CPUS, r.PeakRSSMiB, r.HubWritesPerNode, r.SpokeWritesPerNode, r.WorldCPUS, r.PeakNodeClaims, r.PeakNodes, r.PeakMachines, r.PeakMachineSurplus, r.WallS)
 	fmt.Fprintf(out, "  NodeClaims created in waves (count@time after the Deployment): %s\n", r.ClaimWaves)
 	if r.MachineZones != "" {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
@@ -51,6 +52,9 @@ var allContenders = []string{contenderKWOK, contenderFloorMD, contenderMachineDe
 // and its process figures are 0.
 type runResult struct {
 	Contender string `json:"contender"`
+	// MachineDeployments the machinedeployment contender or its floor used
+	// (BENCH_MDS; 0 for the others).
+	MachineDeployments int `json:"machine_deployments,omitempty"`
 	// FloorOf is the mode a Cluster API floor is the floor of.
 	FloorOf string  `json:"floor_of,omitempty"`
 	N       int     `json:"n"`
@@ -127,13 +131,17 @@ var contenders = map[string]contender{
 	}},
 	contenderMachineDeployment: {contenderMachineDeployment, func(tb testing.TB, ctx context.Context, pool string, _ time.Duration) (*Provider, func(), error) {
 		poolIn(tb, w.Spoke.Client, pool, pool)
-		md := machineDeployment(tb, pool, pool+"-md", "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: fmt.Sprint(benchPrice)})
+		mds := benchMachineDeployments(tb, pool)
 		p, err := StartProviderWithEnv(bin, w, pool+".log", []string{"ENABLE_PROFILING=true"})
 		if err != nil {
 			return nil, nil, err
 		}
 		waitPoolReady(tb, pool)
-		return p, func() { _ = w.Hub.Client.Delete(context.Background(), md) }, nil
+		return p, func() {
+			for _, md := range mds {
+				_ = w.Hub.Client.Delete(context.Background(), md)
+			}
+		}, nil
 	}},
 	contenderMachine: {contenderMachine, func(tb testing.TB, ctx context.Context, pool string, _ time.Duration) (*Provider, func(), error) {
 		machinePool(tb, pool, machinePoolOptions{})
@@ -145,6 +153,25 @@ var contenders = map[string]contender{
 		waitPoolReady(tb, pool)
 		return p, func() {}, nil
 	}},
+}
+
+// benchMDs is how many MachineDeployments of the same offering and price
+// the machinedeployment contender and its floor use (BENCH_MDS).
+var benchMDs = 1
+
+// benchMachineDeployments creates the pool's benchMDs MachineDeployments of
+// m5.large in us-east-1a at benchPrice: <pool>-md, then <pool>-md-2 and on.
+func benchMachineDeployments(tb testing.TB, pool string) []*clusterv1.MachineDeployment {
+	tb.Helper()
+	var out []*clusterv1.MachineDeployment
+	for i := 1; i <= benchMDs; i++ {
+		name := pool + "-md"
+		if i > 1 {
+			name = fmt.Sprintf("%s-md-%d", pool, i)
+		}
+		out = append(out, machineDeployment(tb, pool, name, "m5.large", "us-east-1a", map[string]string{v1alpha1.PriceAnnotation: fmt.Sprint(benchPrice)}))
+	}
+	return out
 }
 
 // waitNodePoolReady waits until core marked the NodePool Ready (its
@@ -198,6 +225,9 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	}
 
 	r := runResult{Contender: c.name, N: o.N, DelayS: o.Delay.Seconds(), LoadAvg: loadAvg()}
+	if c.name == contenderMachineDeployment {
+		r.MachineDeployments = benchMDs
+	}
 	before, err := p.Writes()
 	if err != nil {
 		tb.Fatal(err)

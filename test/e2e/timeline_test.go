@@ -418,7 +418,8 @@ func (t *timeline) watchRunning(ctx context.Context, spoke cache.Cache, app stri
 // machineOfPool: the bench's Machines carry pool=<pool> (Machine mode, from
 // the NodeClass metadata) or belong to the MachineDeployment <pool>-md.
 func machineOfPool(m *clusterv1.Machine, pool string) bool {
-	return m.Labels["pool"] == pool || m.Labels[clusterv1.MachineDeploymentNameLabel] == pool+"-md"
+	md := m.Labels[clusterv1.MachineDeploymentNameLabel]
+	return m.Labels["pool"] == pool || md == pool+"-md" || strings.HasPrefix(md, pool+"-md-")
 }
 
 func podRunning(p *corev1.Pod) bool {
