@@ -58,6 +58,15 @@ func lowers(md *clusterv1.MachineDeployment, sets []*clusterv1.MachineSet, machi
 		}
 	}
 	if len(active) <= 1 {
+		if sets != nil && len(active) == 1 && !ptr.Deref(md.Spec.Paused, false) && md.Spec.Rollout.Strategy.Type != clusterv1.OnDeleteMachineDeploymentStrategyType {
+			// The template changed and Cluster API has not made the new
+			// MachineSet yet: its first pass makes it with a surge Machine
+			// before it sees the lowering, which it may then take off that
+			// Machine rather than the marked one.
+			if newMS, _, _, _ := mdutil.FindNewAndOldMachineSets(md, sets, metav1.Now()); newMS == nil {
+				return lowering{err: fmt.Errorf("%w: a rolling update is about to start (no MachineSet has the MachineDeployment's template yet)", errLowersElsewhere)}
+			}
+		}
 		return lowering{machines: machines, base: r0, room: r0}
 	}
 	switch {

@@ -161,3 +161,46 @@ func TestOneActiveMachineSetIsGatedAsBefore(t *testing.T) {
 		t.Fatalf("replicas %d err %v, want 1 and none", out.replicas, in.err)
 	}
 }
+
+// The template changed and Cluster API has not made the new MachineSet yet
+// (one MachineSet, out of date): a rolling update's first pass makes the
+// new MachineSet with a surge Machine, and may take a lowering it sees only
+// then off that Machine instead of the marked one, so the gate refuses
+// until the new MachineSet shows. OnDelete lowers the old MachineSet, where
+// the mark is, and a paused MachineDeployment makes no new MachineSet:
+// both go through. Found by the model (seed 350).
+func TestNoLoweringWhileARollingUpdateIsAboutToStart(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		strategy clusterv1.MachineDeploymentRolloutStrategyType
+		paused   bool
+		refused  bool
+	}{
+		{"rolling update", clusterv1.RollingUpdateMachineDeploymentStrategyType, false, true},
+		{"OnDelete", clusterv1.OnDeleteMachineDeploymentStrategyType, false, false},
+		{"paused rolling update", clusterv1.RollingUpdateMachineDeploymentStrategyType, true, false},
+	} {
+		a1 := machine("a1", t0, boundTo("A1"), withNode, markedWith(markPrefix+": NodeClaim A1 deleted"))
+		a2 := machine("a2", t0, boundTo("A2"), withNode)
+		md, sets, all := rollout(tc.strategy, []int32{2}, [][]*clusterv1.Machine{{a1, a2}})
+		md.Spec.Template.Spec.InfrastructureRef.Name = "next-template"
+		md.Spec.Paused = ptr.To(tc.paused)
+		in := &intent{kind: intentLower, claim: "A1", machine: a1}
+		out := plannedWith(t, md, 2, sets, all, in)
+		switch {
+		case tc.refused && (out.replicas != 2 || !errors.Is(in.err, errLowersElsewhere)):
+			t.Errorf("%s: replicas %d err %v, want 2 and errLowersElsewhere", tc.name, out.replicas, in.err)
+		case !tc.refused && (out.replicas != 1 || in.err != nil):
+			t.Errorf("%s: replicas %d err %v, want 1 and none", tc.name, out.replicas, in.err)
+		}
+		// Once the new MachineSet shows, the gate is as before.
+		if !tc.refused {
+			continue
+		}
+		md.Spec.Template.Spec.InfrastructureRef.Name = sets[0].Spec.Template.Spec.InfrastructureRef.Name
+		in = &intent{kind: intentLower, claim: "A1", machine: a1}
+		if out := plannedWith(t, md, 2, sets, all, in); out.replicas != 1 || in.err != nil {
+			t.Errorf("%s, template up to date: replicas %d err %v, want 1 and none", tc.name, out.replicas, in.err)
+		}
+	}
+}
