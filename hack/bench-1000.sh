@@ -7,6 +7,8 @@
 #   BENCH_CONTENDERS  kwok,capi-md,machinedeployment,capi-machines,machine
 #                     (default all five)
 #   BENCH_DELAY       infrastructure delay = kwok's registration delay (default 5s)
+#   BENCH_MDS         MachineDeployments of the same offering for the
+#                     machinedeployment contender and its capi-md floor (default 1)
 #   BENCH_1000_DIR    where results go (default bench-1000/ in the repository;
 #                     a build artifact, do not commit)
 #
