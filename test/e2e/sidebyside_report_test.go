@@ -216,17 +216,17 @@ func finite(v float64) *float64 {
 
 // printRun prints one run's figures and breakdown as it finishes.
 func printRun(out io.Writer, r runResult) {
-	if r.FloorOf != "" {
-		fmt.Fprintf(out, "%s (Cluster API floor of %s, no Karpenter), %d nodes (infrastructure delay %.0fs, load %s): all Nodes Ready in %.1fs (p50 %.1fs), "+
-			"%d Machines with a providerID in %.1fs; back to 0 Nodes in %.1fs, 0 Machines in %.1fs; world CPU %.1fs; peak Nodes %d, Machines %d; Machines by zone %s; the run took %.0fs\n",
-			r.Contender, r.FloorOf, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.N, r.MachinesRunningS, r.NodesGoneS, r.ScaleDownS,
-			r.WorldCPUS, r.PeakNodes, r.PeakMachines, r.MachineZones, r.WallS)
-		printBreakdown(out, r)
-		return
-	}
 	over := ""
 	if r.MachineDeployments > 1 {
 		over = fmt.Sprintf(" over %d MachineDeployments", r.MachineDeployments)
+	}
+	if r.FloorOf != "" {
+		fmt.Fprintf(out, "%s (Cluster API floor of %s, no Karpenter)%s, %d nodes (infrastructure delay %.0fs, load %s): all Nodes Ready in %.1fs (p50 %.1fs), "+
+			"%d Machines with a providerID in %.1fs; back to 0 Nodes in %.1fs, 0 Machines in %.1fs; world CPU %.1fs; peak Nodes %d, Machines %d; Machines by zone %s; the run took %.0fs\n",
+			r.Contender, r.FloorOf, over, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.N, r.MachinesRunningS, r.NodesGoneS, r.ScaleDownS,
+			r.WorldCPUS, r.PeakNodes, r.PeakMachines, r.MachineZones, r.WallS)
+		printBreakdown(out, r)
+		return
 	}
 	fmt.Fprintf(out, "%s%s, %d pods (infrastructure delay %.0fs, load %s): all Running in %.1fs (pod start p50 %.1fs, p100 %.1fs), back to 0 in %.1fs; "+
 		"process CPU %.1fs, peak RSS %.0f MiB, writes/node hub %.2f spoke %.2f; world CPU %.1fs; peak NodeClaims %d, Nodes %d, Machines %d, Machines beyond NodeClaims %d; the run took %.0fs\n",
