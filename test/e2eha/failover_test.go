@@ -2,6 +2,8 @@ package e2eha
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,6 +194,15 @@ func TestGracefulHandover(t *testing.T) {
 		exited.Round(10*time.Millisecond), leading.Round(10*time.Millisecond), firstByNext.Round(10*time.Millisecond))
 	if leading > 3*time.Second {
 		t.Errorf("the next replica leads %s after SIGTERM, want within 3s (was the Lease released?)", leading.Round(10*time.Millisecond))
+		// What the stopped replica waited for (its log has the stacks).
+		logs := rs.Logs()
+		if data, err := os.ReadFile(logs[leader]); err == nil {
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, "still stopping") {
+					t.Logf("replica %d: %.600s", leader, line)
+				}
+			}
+		}
 	}
 }
 

@@ -2,7 +2,12 @@ package leader
 
 import (
 	"context"
+	"fmt"
+	"reflect"
+	"runtime"
+	"sort"
 	"sync"
+	"time"
 
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -90,41 +95,95 @@ func (r *gated) Start(ctx context.Context) error {
 		return nil
 	case <-r.gate.elected:
 	}
-	if !r.gate.enter() {
+	if !r.gate.enter(r) {
 		return nil // stopping: the Lease is about to be released
 	}
-	defer r.gate.leave()
+	defer r.gate.leave(r)
 	return r.Runnable.Start(ctx)
 }
 
+// name names the runnable for the logs: a controller's name, else its type.
+func (r *gated) name() string {
+	v := reflect.ValueOf(r.Runnable)
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			break
+		}
+		v = v.Elem()
+	}
+	if v.Kind() == reflect.Struct {
+		if f := v.FieldByName("Name"); f.IsValid() && f.Kind() == reflect.String && f.String() != "" {
+			return f.String()
+		}
+	}
+	return fmt.Sprintf("%T", r.Runnable)
+}
+
 // enter records a leader-only runnable starting; false once stopping.
-func (g *Gate) enter() bool {
+func (g *Gate) enter(r *gated) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopping {
 		return false
 	}
-	g.running++
+	if g.running == nil {
+		g.running = map[*gated]struct{}{}
+	}
+	g.running[r] = struct{}{}
 	return true
 }
 
-func (g *Gate) leave() {
+func (g *Gate) leave(r *gated) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.running--
-	if g.stopping && g.running == 0 {
+	delete(g.running, r)
+	if g.stopping && len(g.running) == 0 {
 		g.idleOnce.Do(func() { close(g.idle) })
 	}
 }
 
+// stillRunning names the leader-only runnables that have not returned.
+func (g *Gate) stillRunning() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	names := make([]string, 0, len(g.running))
+	for r := range g.running {
+		names = append(names, r.name())
+	}
+	sort.Strings(names)
+	return names
+}
+
 // stopAndWait refuses further leader-only runnables and waits until those
-// running have returned.
+// running have returned. The Lease stays held meanwhile, however long it
+// takes: releasing it while one still acts would let two leaders act. A
+// stop that lasts is reported, first with the runnables still running,
+// then with every goroutine's stack, so that whoever waits for the
+// handover (or kills the process) can see what held it.
 func (g *Gate) stopAndWait() {
 	g.mu.Lock()
 	g.stopping = true
-	if g.running == 0 {
+	if len(g.running) == 0 {
 		g.idleOnce.Do(func() { close(g.idle) })
 	}
 	g.mu.Unlock()
-	<-g.idle
+	start := time.Now()
+	names := time.NewTimer(g.slowStop)
+	defer names.Stop()
+	stacks := time.NewTimer(2 * g.slowStop)
+	defer stacks.Stop()
+	for {
+		select {
+		case <-g.idle:
+			return
+		case <-names.C:
+			g.log.Info("leader-only controllers still stopping; the lease is released once they return",
+				"after", time.Since(start).Round(time.Millisecond).String(), "running", g.stillRunning())
+		case <-stacks.C:
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			g.log.Info("leader-only controllers still stopping; the stacks of every goroutine follow",
+				"after", time.Since(start).Round(time.Millisecond).String(), "running", g.stillRunning(), "stacks", string(buf))
+		}
+	}
 }

@@ -51,6 +51,12 @@ const (
 	DefaultRetryPeriod   = 500 * time.Millisecond
 )
 
+// defaultSlowStop is how long leader-only runnables may take to return on a
+// graceful stop before the replica logs which still run (and, after twice
+// that, every goroutine's stack): well within Kubernetes' default 30 s
+// termination grace period.
+const defaultSlowStop = 5 * time.Second
+
 // Settings of the election.
 type Settings struct {
 	// Enabled is false when the user disabled leader election (core's
@@ -89,13 +95,15 @@ type Gate struct {
 	manager.Manager
 	settings Settings
 	elected  chan struct{}
-	// running counts the leader-only runnables that started; once stopping,
+	// running holds the leader-only runnables that started; once stopping,
 	// idle is closed when none runs any more, and the Lease is released.
 	mu       sync.Mutex
-	running  int
+	running  map[*gated]struct{}
 	stopping bool
 	idle     chan struct{}
 	idleOnce sync.Once
+	// slowStop is how long a stop may take before it is reported.
+	slowStop time.Duration
 	// exit ends the process when the Lease is lost, restart replaces it
 	// after an outage (tests replace both).
 	exit    func(code int)
@@ -128,7 +136,7 @@ func Wrap(mgr manager.Manager, s Settings) (manager.Manager, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{Manager: mgr, settings: s, elected: make(chan struct{}), idle: make(chan struct{}), exit: os.Exit, restart: reexec,
+	g := &Gate{Manager: mgr, settings: s, elected: make(chan struct{}), idle: make(chan struct{}), exit: os.Exit, restart: reexec, slowStop: defaultSlowStop,
 		log: mgr.GetLogger().WithName("leader-election").WithValues("lease", s.Namespace+"/"+s.Name)}
 	lock, err := newLock(mgr.GetConfig(), mgr, s)
 	if err != nil {
