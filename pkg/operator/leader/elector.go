@@ -112,8 +112,12 @@ func (r *gated) name() string {
 		v = v.Elem()
 	}
 	if v.Kind() == reflect.Struct {
-		if f := v.FieldByName("Name"); f.IsValid() && f.Kind() == reflect.String && f.String() != "" {
-			return f.String()
+		// A field of the struct itself: a promoted one may sit behind a
+		// nil embedded pointer, which reflect cannot read.
+		if f, ok := v.Type().FieldByName("Name"); ok && len(f.Index) == 1 && f.Type.Kind() == reflect.String {
+			if name := v.Field(f.Index[0]).String(); name != "" {
+				return name
+			}
 		}
 	}
 	return fmt.Sprintf("%T", r.Runnable)

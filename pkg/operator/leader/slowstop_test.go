@@ -16,6 +16,26 @@ type namedController struct{ Name string }
 
 func (*namedController) Start(context.Context) error { return nil }
 
+// embedsNamed has a Name only through a nil embedded pointer.
+type embedsNamed struct{ *namedController }
+
+// A runnable is named by its own Name field, else by its type, and naming
+// never panics.
+func TestRunnableNames(t *testing.T) {
+	for _, tc := range []struct {
+		r    *gated
+		want string
+	}{
+		{&gated{Runnable: &namedController{Name: "nodeclaim.lifecycle"}}, "nodeclaim.lifecycle"},
+		{&gated{Runnable: &namedController{}}, "*leader.namedController"},
+		{&gated{Runnable: embedsNamed{}}, "leader.embedsNamed"},
+	} {
+		if got := tc.r.name(); got != tc.want {
+			t.Errorf("name() = %q, want %q", got, tc.want)
+		}
+	}
+}
+
 // A leader-only runnable that does not return on a stop keeps the Lease
 // held, and the replica says which runnable it waits for, then every
 // goroutine's stack, so that a slow handover can be explained from the log.
