@@ -25,6 +25,8 @@ import (
 //	BENCH_MDS          MachineDeployments of the same offering and price that the
 //	                   machinedeployment contender and its capi-md floor use
 //	                   (default 1; the floor scales each to its share of N)
+//	BENCH_BATCH        core's batch window of the Karpenter contenders, "idle/max"
+//	                   (default the suite's 500ms/3s; core's own defaults are 1s/10s)
 //	BENCH_PROFILE_DIR  write 20 s CPU profiles of each contender's process there
 //	BENCH_JSON         write the results there as JSON
 //
@@ -44,6 +46,15 @@ func BenchmarkSideBySide(b *testing.B) {
 			b.Fatalf("BENCH_MDS: %q is no positive count", v)
 		}
 		benchMDs = k
+	}
+	if v := os.Getenv("BENCH_BATCH"); v != "" {
+		idle, max, ok := strings.Cut(v, "/")
+		_, errIdle := time.ParseDuration(idle)
+		_, errMax := time.ParseDuration(max)
+		if !ok || errIdle != nil || errMax != nil {
+			b.Fatalf("BENCH_BATCH: %q is not idle/max, e.g. 1s/10s", v)
+		}
+		benchBatch.idle, benchBatch.max = idle, max
 	}
 	ns := []int{100, 500}
 	if v := os.Getenv("BENCH_N"); v != "" {
@@ -264,6 +275,9 @@ func printRun(out io.Writer, r runResult) {
 		"process CPU %.1fs, peak RSS %.0f MiB, writes/node hub %.2f spoke %.2f; world CPU %.1fs; peak NodeClaims %d, Nodes %d, Machines %d, Machines beyond NodeClaims %d; the run took %.0fs\n",
 		r.Contender, over, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.PodStartP100S, r.ScaleDownS,
 		r.CPUS, r.PeakRSSMiB, r.HubWritesPerNode, r.SpokeWritesPerNode, r.WorldCPUS, r.PeakNodeClaims, r.PeakNodes, r.PeakMachines, r.PeakMachineSurplus, r.WallS)
+	if r.Batch != "" {
+		fmt.Fprintf(out, "  core's batch window (idle/max): %s\n", r.Batch)
+	}
 	fmt.Fprintf(out, "  NodeClaims created in waves (count@time after the Deployment): %s\n", r.ClaimWaves)
 	if r.MachineZones != "" {
 		fmt.Fprintf(out, "  Machines by zone: %s\n", r.MachineZones)

@@ -55,6 +55,9 @@ type runResult struct {
 	// MachineDeployments the machinedeployment contender or its floor used
 	// (BENCH_MDS; 0 for the others).
 	MachineDeployments int `json:"machine_deployments,omitempty"`
+	// Batch is core's batch window the Karpenter contenders ran with
+	// (BENCH_BATCH, "idle/max"; empty: the suite's 500ms/3s).
+	Batch string `json:"batch,omitempty"`
 	// FloorOf is the mode a Cluster API floor is the floor of.
 	FloorOf string  `json:"floor_of,omitempty"`
 	N       int     `json:"n"`
@@ -122,7 +125,7 @@ var contenders = map[string]contender{
 		if err != nil {
 			return nil, nil, err
 		}
-		p, err := startKWOK(pool+".log", types, "ENABLE_PROFILING=true")
+		p, err := startKWOK(pool+".log", types, benchEnv()...)
 		if err != nil {
 			cleanup()
 			return nil, nil, err
@@ -132,7 +135,7 @@ var contenders = map[string]contender{
 	contenderMachineDeployment: {contenderMachineDeployment, func(tb testing.TB, ctx context.Context, pool string, _ time.Duration) (*Provider, func(), error) {
 		poolIn(tb, w.Spoke.Client, pool, pool)
 		mds := benchMachineDeployments(tb, pool)
-		p, err := StartProviderWithEnv(bin, w, pool+".log", []string{"ENABLE_PROFILING=true"})
+		p, err := StartProviderWithEnv(bin, w, pool+".log", benchEnv())
 		if err != nil {
 			return nil, nil, err
 		}
@@ -146,13 +149,29 @@ var contenders = map[string]contender{
 	contenderMachine: {contenderMachine, func(tb testing.TB, ctx context.Context, pool string, _ time.Duration) (*Provider, func(), error) {
 		machinePool(tb, pool, machinePoolOptions{})
 		memberTemplate(tb, pool, pool+"-m5-large", "m5.large", map[string]string{v1alpha1.PriceAnnotation: fmt.Sprint(benchPrice)})
-		p, err := StartProviderWithEnv(bin, w, pool+".log", []string{"ENABLE_PROFILING=true"})
+		p, err := StartProviderWithEnv(bin, w, pool+".log", benchEnv())
 		if err != nil {
 			return nil, nil, err
 		}
 		waitPoolReady(tb, pool)
 		return p, func() {}, nil
 	}},
+}
+
+// benchBatch is core's batch window for the Karpenter contenders
+// (BENCH_BATCH "idle/max", e.g. "1s/10s", core's defaults); empty keeps the
+// suite's 500ms/3s (provider.go).
+var benchBatch struct{ idle, max string }
+
+// benchEnv is the environment of a Karpenter contender's process: CPU
+// profiling on, and core's batch window when BENCH_BATCH sets one (a later
+// entry wins over the suite's).
+func benchEnv() []string {
+	env := []string{"ENABLE_PROFILING=true"}
+	if benchBatch.idle != "" {
+		env = append(env, "BATCH_IDLE_DURATION="+benchBatch.idle, "BATCH_MAX_DURATION="+benchBatch.max)
+	}
+	return env
 }
 
 // benchMDs is how many MachineDeployments of the same offering and price
@@ -225,6 +244,9 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	}
 
 	r := runResult{Contender: c.name, N: o.N, DelayS: o.Delay.Seconds(), LoadAvg: loadAvg()}
+	if benchBatch.idle != "" {
+		r.Batch = benchBatch.idle + "/" + benchBatch.max
+	}
 	if c.name == contenderMachineDeployment {
 		r.MachineDeployments = benchMDs
 	}
