@@ -48,11 +48,9 @@ func BenchmarkSideBySide(b *testing.B) {
 		benchMDs = k
 	}
 	if v := os.Getenv("BENCH_BATCH"); v != "" {
-		idle, max, ok := strings.Cut(v, "/")
-		_, errIdle := time.ParseDuration(idle)
-		_, errMax := time.ParseDuration(max)
-		if !ok || errIdle != nil || errMax != nil {
-			b.Fatalf("BENCH_BATCH: %q is not idle/max, e.g. 1s/10s", v)
+		idle, max, err := parseBenchBatch(v)
+		if err != nil {
+			b.Fatal(err)
 		}
 		benchBatch.idle, benchBatch.max = idle, max
 	}
@@ -99,6 +97,18 @@ func BenchmarkSideBySide(b *testing.B) {
 			b.Fatalf("writing %s: %v", path, err)
 		}
 	}
+}
+
+// parseBenchBatch reads BENCH_BATCH: core's batch window as "idle/max",
+// two positive durations with idle no longer than max.
+func parseBenchBatch(v string) (idle, max string, err error) {
+	i, m, ok := strings.Cut(v, "/")
+	di, errIdle := time.ParseDuration(i)
+	dm, errMax := time.ParseDuration(m)
+	if !ok || errIdle != nil || errMax != nil || di <= 0 || dm < di {
+		return "", "", fmt.Errorf("BENCH_BATCH: %q is not idle/max with 0 < idle <= max, e.g. 1s/10s", v)
+	}
+	return i, m, nil
 }
 
 // sideBySide runs every contender for every N, each in a fresh process,
