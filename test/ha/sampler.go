@@ -32,6 +32,11 @@ type Sampler struct {
 	// Machine is one too many for those seconds. A launch that failed
 	// leaves its released Machine until the MachineSet removes it. An
 	// excess that outlasts the tolerance is a Machine nobody accounts for.
+	// The tolerance counts from the later of the excess's start and the
+	// last time the provider could act again (Resumed): while an API
+	// server is down or no replica leads, nothing gives a replica back,
+	// and a new leader's grace starts afresh (its first-seen times are
+	// memory, docs/design/machinedeployment-binding.md).
 	Tolerance time.Duration
 
 	cancel context.CancelFunc
@@ -41,6 +46,18 @@ type Sampler struct {
 	samples    int
 	errors     int
 	violations []string
+	resumedAt  time.Time // the provider could last act again then
+}
+
+// Resumed tells the sampler that the provider could act again at t (an
+// outage ended, a replica began to lead): an excess older than that is
+// judged from t.
+func (s *Sampler) Resumed(t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.After(s.resumedAt) {
+		s.resumedAt = t
+	}
 }
 
 // Sample starts sampling the pools, counting every Machine.
@@ -91,7 +108,11 @@ func sampleWith(w *world.World, interval time.Duration, liveOnly bool, tolerance
 							since = time.Now()
 							excessSince[pool] = since
 						}
-						if lasted := time.Since(since); lasted >= s.Tolerance {
+						judged := since
+						if s.resumedAt.After(judged) {
+							judged = s.resumedAt
+						}
+						if lasted := time.Since(since); time.Since(judged) >= s.Tolerance {
 							s.violations = append(s.violations, fmt.Sprintf("%s pool %s: %d Machines (%d being deleted) > %d NodeClaims for %s (%v)",
 								time.Now().Format("15:04:05.000"), pool, c.Machines, c.MachinesDeleting, c.NodeClaims, lasted.Round(time.Second), c.MachineNames))
 						}

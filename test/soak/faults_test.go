@@ -163,6 +163,7 @@ func (s *soak) hubOutage(ctx context.Context) {
 		s.t.Fatalf("seed %d: restarting the hub API server: %v", *seed, err)
 	}
 	s.hubDown, s.blockedUntilEnd, s.unblockedAt = false, false, time.Now()
+	s.sampler.Resumed(s.unblockedAt)
 	s.recoveries = append(s.recoveries, s.recovery(ctx, fmt.Sprintf("hub %s", d)))
 	s.t.Logf("  %s", s.recoveries[len(s.recoveries)-1])
 }
@@ -180,6 +181,7 @@ func (s *soak) spokeOutage(ctx context.Context) {
 		s.t.Fatalf("seed %d: restarting the spoke API server: %v", *seed, err)
 	}
 	s.spokeDown, s.blockedUntilEnd, s.unblockedAt = false, false, time.Now()
+	s.sampler.Resumed(s.unblockedAt)
 	s.recoveries = append(s.recoveries, s.recovery(ctx, fmt.Sprintf("spoke %s", d)))
 	s.t.Logf("  %s", s.recoveries[len(s.recoveries)-1])
 }

@@ -41,9 +41,10 @@ const (
 	// more from then.
 	rssGrowth = 1.5
 	// excessTolerance is how long a pool may have more live Machines than
-	// NodeClaims (see ha.Sampler.Tolerance): the provider's OrphanGrace
-	// (30 s) for giving a spare replica back, plus 10 s for the MachineSet
-	// to remove the Machine. The first 30-minute run (seed
+	// NodeClaims (see ha.Sampler.Tolerance), counted from when the provider
+	// could last act again (an outage's end, a replica beginning to lead):
+	// the provider's OrphanGrace (30 s) for giving a spare replica back,
+	// plus 10 s for the MachineSet to remove the Machine. The first 30-minute run (seed
 	// 1795701443152048057) held a Machine kept for 23 minutes; the run
 	// after the fix, excesses of 2-8 s.
 	excessTolerance = 40 * time.Second

@@ -53,6 +53,7 @@ type soak struct {
 	hubDown         bool
 	spokeDown       bool
 	unblockedAt     time.Time // launches were last able to resume then
+	lastLeader      int       // the replica check last saw leading (-1: none)
 	blockedUntilEnd bool      // launches blocked (outage in progress)
 
 	faults     map[string]int
@@ -80,7 +81,7 @@ type rssSeries struct {
 }
 
 func newSoak(ctx context.Context, t *testing.T, w *world.World, bin string, rng *rand.Rand) (*soak, error) {
-	s := &soak{t: t, w: w, rng: rng, pick: rand.New(rand.NewSource(rng.Int63())), faults: map[string]int{}, rss: map[*e2e.Provider]*rssSeries{}, unblockedAt: time.Now()}
+	s := &soak{t: t, w: w, rng: rng, pick: rand.New(rand.NewSource(rng.Int63())), faults: map[string]int{}, rss: map[*e2e.Provider]*rssSeries{}, unblockedAt: time.Now(), lastLeader: -1}
 	rs, err := ha.Start(bin, w, ha.Options{Replicas: 2})
 	if err != nil {
 		return nil, err
@@ -166,6 +167,7 @@ func (s *soak) violate(format string, args ...any) {
 // check verifies the invariants that hold at every moment.
 func (s *soak) check(ctx context.Context) {
 	s.sampleRSS()
+	s.trackLeader()
 	if s.hubDown {
 		return
 	}
@@ -203,6 +205,20 @@ func (s *soak) check(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// trackLeader tells the excess sampler when the provider can act again:
+// while an API server is down or no replica leads it cannot, and a replica
+// that begins to lead starts its graces afresh.
+func (s *soak) trackLeader() {
+	if s.sampler == nil {
+		return
+	}
+	l := s.rs.Leader()
+	if l < 0 || l != s.lastLeader || s.hubDown || s.spokeDown {
+		s.sampler.Resumed(time.Now())
+	}
+	s.lastLeader = l
 }
 
 // sampleRSS records each replica process's resident memory.
