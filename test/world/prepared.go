@@ -68,7 +68,7 @@ func (w *World) PrepareCluster(ctx context.Context, name string) (*WorkloadClust
 		return nil, fmt.Errorf("preparing Cluster %s: %w", name, err)
 	}
 	spoke.Name = "spoke-" + name
-	wc := &WorkloadCluster{Name: name, Spoke: spoke, logSuffix: "-" + name}
+	wc := &WorkloadCluster{Namespace: w.Namespace, Name: name, Spoke: spoke, logSuffix: "-" + name}
 	w.mu.Lock()
 	w.clusters = append(w.clusters, wc) // Stop stops it from now on
 	w.mu.Unlock()
@@ -104,5 +104,9 @@ func (w *World) PrepareCluster(ctx context.Context, name string) (*WorkloadClust
 // infrastructure provisioned, its control plane initialized and its
 // workload cluster reachable.
 func (w *World) WaitClusterReady(ctx context.Context, name string) error {
-	return w.waitClusterReady(ctx, name)
+	wc := w.Cluster(name)
+	if wc == nil {
+		return fmt.Errorf("the world has no Cluster %s", name)
+	}
+	return w.waitClusterReady(ctx, wc)
 }

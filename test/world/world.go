@@ -37,7 +37,7 @@
 //
 // More Clusters: AddCluster adds a Cluster with a workload cluster of its
 // own (API server, kube-scheduler, kube-controller-manager, simulated
-// kubelet) in the same hub namespace; SimAWS runs every Cluster's instances
+// kubelet) in the same hub namespace, AddClusterIn in another one; SimAWS runs every Cluster's instances
 // and each simulated kubelet registers only the instances of its Cluster's
 // Machines.
 //
@@ -199,11 +199,11 @@ type World struct {
 	stopErr     error
 }
 
-// WorkloadCluster is a Cluster of the world, in the world's Namespace, and
-// its workload cluster.
+// WorkloadCluster is a Cluster of the world and its workload cluster.
 type WorkloadCluster struct {
-	// Name of the Cluster in the hub.
-	Name string
+	// Namespace and Name of the Cluster in the hub: the world's Namespace
+	// unless AddClusterIn put it elsewhere.
+	Namespace, Name string
 	// Spoke is its workload cluster; SpokeKubeconfig a kubeconfig file of it.
 	Spoke           *environment.Cluster
 	SpokeKubeconfig string
@@ -301,7 +301,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	if w.SpokeKubeconfig, err = w.Spoke.WriteKubeconfig(dir); err != nil {
 		return w, err
 	}
-	first := &WorkloadCluster{Name: w.ClusterName, Spoke: w.Spoke, SpokeKubeconfig: w.SpokeKubeconfig, BootstrapSecretName: w.BootstrapSecretName}
+	first := &WorkloadCluster{Namespace: w.Namespace, Name: w.ClusterName, Spoke: w.Spoke, SpokeKubeconfig: w.SpokeKubeconfig, BootstrapSecretName: w.BootstrapSecretName}
 	w.clusters = append(w.clusters, first)
 
 	// Controllers: the hub's controller manager and the simulated kubelet.
@@ -370,7 +370,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		return w, err
 	}
 	phase("scheduler and controller manager ready")
-	if err := w.waitClusterReady(ctx, first.Name); err != nil {
+	if err := w.waitClusterReady(ctx, first); err != nil {
 		return w, err
 	}
 	phase("cluster ready")
@@ -387,7 +387,7 @@ func (w *World) startManager(m ctrl.Manager) {
 }
 
 func (w *World) clusterKey(c *WorkloadCluster) types.NamespacedName {
-	return types.NamespacedName{Namespace: w.Namespace, Name: c.Name}
+	return types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
 }
 
 func (w *World) startAPIServers(workloadCRDs bool) error {
@@ -486,7 +486,7 @@ func (w *World) waitWebhooksActive(ctx context.Context) error {
 // AWSCluster, control plane, kubeconfig and bootstrap data Secrets.
 func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error {
 	c := w.Hub.Client
-	ns, name := w.Namespace, wc.Name
+	ns, name := wc.Namespace, wc.Name
 	u, err := url.Parse(wc.Spoke.Config.Host)
 	if err != nil {
 		return err
@@ -559,10 +559,10 @@ func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error
 
 // waitClusterReady waits until Cluster API sees the infrastructure
 // provisioned, the control plane initialized and the spoke reachable.
-func (w *World) waitClusterReady(ctx context.Context, name string) error {
+func (w *World) waitClusterReady(ctx context.Context, wc *WorkloadCluster) error {
 	cluster := &clusterv1.Cluster{}
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: name}, cluster); err != nil {
+		if err := w.Hub.Client.Get(ctx, w.clusterKey(wc), cluster); err != nil {
 			return false, err
 		}
 		return conditions.IsTrue(cluster, clusterv1.ClusterInfrastructureReadyCondition) &&
@@ -570,7 +570,7 @@ func (w *World) waitClusterReady(ctx context.Context, name string) error {
 			conditions.IsTrue(cluster, clusterv1.ClusterRemoteConnectionProbeCondition), nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for Cluster %s/%s to be ready (conditions %v): %w", w.Namespace, name, cluster.Status.Conditions, err)
+		return fmt.Errorf("waiting for Cluster %s to be ready (conditions %v): %w", w.clusterKey(wc), cluster.Status.Conditions, err)
 	}
 	return nil
 }
@@ -632,6 +632,12 @@ func (w *World) workloadClusters() []*WorkloadCluster {
 // ClusterCache reaches it through its kubeconfig Secret. It returns once
 // Cluster API sees the Cluster ready. Stop stops it with the world.
 func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, error) {
+	return w.AddClusterIn(ctx, w.Namespace, name)
+}
+
+// AddClusterIn is AddCluster with the Cluster in another hub namespace,
+// created if missing (names stay unique across the world).
+func (w *World) AddClusterIn(ctx context.Context, namespace, name string) (*WorkloadCluster, error) {
 	if w.Cluster(name) != nil {
 		return nil, fmt.Errorf("the world has a Cluster %s already", name)
 	}
@@ -644,7 +650,7 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 		return nil, fmt.Errorf("adding Cluster %s: %w", name, err)
 	}
 	spoke.Name = "spoke-" + name
-	wc := &WorkloadCluster{Name: name, Spoke: spoke, BootstrapSecretName: name + "-bootstrap", logSuffix: "-" + name}
+	wc := &WorkloadCluster{Namespace: namespace, Name: name, Spoke: spoke, BootstrapSecretName: name + "-bootstrap", logSuffix: "-" + name}
 	w.mu.Lock()
 	w.clusters = append(w.clusters, wc) // Stop stops it from now on
 	w.mu.Unlock()
@@ -662,10 +668,10 @@ func (w *World) AddCluster(ctx context.Context, name string) (*WorkloadCluster, 
 	if err := w.startSpokeComponents(ctx, wc); err != nil {
 		return nil, fmt.Errorf("adding Cluster %s: %w", name, err)
 	}
-	if err := w.waitClusterReady(ctx, name); err != nil {
+	if err := w.waitClusterReady(ctx, wc); err != nil {
 		return nil, err
 	}
-	w.log.WithName("world").Info("Cluster added", "cluster", name, "elapsed", time.Since(t0).Round(time.Millisecond).String())
+	w.log.WithName("world").Info("Cluster added", "namespace", namespace, "cluster", name, "elapsed", time.Since(t0).Round(time.Millisecond).String())
 	return wc, nil
 }
 
