@@ -104,12 +104,15 @@ generate: ## Generate deepcopy, CRDs and RBAC
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-workload paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac/workload
 	@# Granted only with --approve-kubelet-csrs (config/components/approve-kubelet-csrs, Helm value approveKubeletCSRs).
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-csr-approver paths=./pkg/csrapproval/... output:rbac:artifacts:config=config/rbac/csr-approver
+	@# The AutoNode controller (karpenter-clusterapi autonode), in the management cluster.
+	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-autonode paths=./pkg/autonode/... output:rbac:artifacts:config=config/rbac/autonode
 	@# The Helm chart carries the same CRDs and RBAC rules.
 	rm -f charts/karpenter-clusterapi/crds/*.yaml && cp config/crd/bases/*.yaml config/crd/karpenter/*.yaml charts/karpenter-clusterapi/crds/
 	cp config/rbac/hub/role.yaml charts/karpenter-clusterapi/rbac/hub-role.yaml
 	cp config/rbac/workload/role.yaml charts/karpenter-clusterapi/rbac/workload-role.yaml
 	cp config/rbac/workload/core_role.yaml charts/karpenter-clusterapi/rbac/core-role.yaml
 	cp config/rbac/csr-approver/role.yaml charts/karpenter-clusterapi/rbac/csr-approver-role.yaml
+	cp config/rbac/autonode/role.yaml charts/karpenter-clusterapi/rbac/autonode-role.yaml
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale

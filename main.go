@@ -9,6 +9,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
 
+	"github.com/autonode/karpenter-clusterapi/pkg/autonode"
 	"github.com/autonode/karpenter-clusterapi/pkg/caconvert"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator"
 	"github.com/autonode/karpenter-clusterapi/pkg/operator/options"
@@ -18,6 +19,9 @@ func main() {
 	// Subcommands first: core's flag parsing below would refuse their flags.
 	if len(os.Args) > 1 && os.Args[1] == caconvert.Command {
 		os.Exit(caconvert.Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == autonode.Command {
+		os.Exit(autonode.Main(context.Background(), os.Args[2:], os.Stderr))
 	}
 	opts, err := options.Preflight(os.Args[1:])
 	if err != nil {
