@@ -2,27 +2,19 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +22,7 @@ import (
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/autonode"
+	"github.com/autonode/karpenter-clusterapi/test/autonoderun"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 	"github.com/autonode/karpenter-clusterapi/test/podrun"
 	"github.com/autonode/karpenter-clusterapi/test/world"
@@ -151,21 +144,7 @@ func addAutoNodeClusters(t *testing.T) (*world.WorkloadCluster, *world.WorkloadC
 // startPodRunner runs AutoNode's Deployments as a kubelet would.
 func startPodRunner(t *testing.T) *podrun.Runner {
 	t.Helper()
-	dir := filepath.Join(w.Dir, "autonode-pods")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	r, err := podrun.Start(podrun.Options{
-		Config:   w.Hub.Config,
-		Selector: labels.SelectorFromSet(labels.Set{autonode.ManagedByLabel: autonode.ManagedBy}),
-		Binary: func(image, command string) (string, error) {
-			if image != autonodeImage || command != autonode.Binary {
-				return "", fmt.Errorf("image %s command %q: not the provider under test", image, command)
-			}
-			return bin, nil
-		},
-		Dir: dir,
-	})
+	r, err := autonoderun.StartPods(w.Hub.Config, bin, filepath.Join(w.Dir, "autonode-pods"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,124 +155,22 @@ func startPodRunner(t *testing.T) *podrun.Runner {
 // startAutoNodeController runs `karpenter-clusterapi autonode` with the
 // identity its packaged RBAC gives it: a ServiceAccount holding
 // config/rbac/autonode's rules (and the hub ClusterRole it binds).
-func startAutoNodeController(t *testing.T, version string) *Provider {
+func startAutoNodeController(t *testing.T, version string) *autonoderun.Controller {
 	t.Helper()
-	ctx := context.Background()
-	for _, f := range []string{"config/rbac/hub/role.yaml", "config/rbac/autonode/role.yaml"} {
-		applyRBACFile(t, f)
+	kubeconfig, err := autonoderun.Install(context.Background(), w.Hub.Client, w.Hub.Config, w.Dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: autonodeNamespace, Name: "karpenter-clusterapi-autonode"}}
-	bindings := []client.Object{
-		&rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "karpenter-clusterapi-autonode"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "karpenter-clusterapi-autonode"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name}},
-		},
-		&rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Namespace: autonodeNamespace, Name: "karpenter-clusterapi-autonode"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "karpenter-clusterapi-autonode"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name}},
-		},
-	}
-	for _, o := range append([]client.Object{sa}, bindings...) {
-		if err := w.Hub.Client.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
-			t.Fatal(err)
-		}
-	}
-	kubeconfig := serviceAccountKubeconfig(t, sa)
 	metrics, err := freePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(w.Dir, "autonode-controller.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	c, err := autonoderun.StartController(bin, kubeconfig, version, fmt.Sprintf("127.0.0.1:%d", metrics), filepath.Join(w.Dir, "autonode-controller.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, autonode.Command, "--kubeconfig="+kubeconfig, "--version="+version, "--provider-image="+autonodeImage,
-		"--leader-election-namespace="+autonodeNamespace, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
-		"--health-probe-bind-address=0", "--zap-log-level=debug")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &Provider{cmd: cmd, LogPath: logPath, MetricsPort: metrics, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	t.Cleanup(p.Stop)
-	return p
-}
-
-// applyRBACFile creates the ClusterRoles and Roles of a generated file
-// (the Roles in the AutoNode controller's namespace).
-func applyRBACFile(t *testing.T, path string) {
-	t.Helper()
-	ctx := context.Background()
-	if err := client.IgnoreAlreadyExists(w.Hub.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: autonodeNamespace}})); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(filepath.Join(environment.RepoRoot(), path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := yaml.NewYAMLOrJSONDecoder(f, 4096)
-	for {
-		var obj map[string]any
-		if err := dec.Decode(&obj); err != nil {
-			break
-		}
-		var o client.Object
-		switch obj["kind"] {
-		case "ClusterRole":
-			o = &rbacv1.ClusterRole{}
-		case "Role":
-			o = &rbacv1.Role{}
-		default:
-			continue
-		}
-		if err := decodeInto(obj, o); err != nil {
-			t.Fatal(err)
-		}
-		if o.GetNamespace() != "" {
-			o.SetNamespace(autonodeNamespace)
-		}
-		if err := w.Hub.Client.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
-			t.Fatalf("creating %s from %s: %v", o.GetName(), path, err)
-		}
-	}
-}
-
-// serviceAccountKubeconfig writes a hub kubeconfig with a token of sa
-// from the TokenRequest API.
-func serviceAccountKubeconfig(t *testing.T, sa *corev1.ServiceAccount) string {
-	t.Helper()
-	kube, err := kubernetes.NewForConfig(w.Hub.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := kube.CoreV1().ServiceAccounts(sa.Namespace).CreateToken(context.Background(), sa.Name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := *w.Hub.Config
-	cfg.CertData, cfg.KeyData, cfg.CertFile, cfg.KeyFile = nil, nil, "", ""
-	cfg.BearerToken = tr.Status.Token
-	raw, err := environment.KubeconfigBytes(&cfg, "autonode")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(w.Dir, "autonode-controller.kubeconfig")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	t.Cleanup(c.Stop)
+	return c
 }
 
 // namespacedMachineDeployment is an eligible MachineDeployment of a
@@ -592,12 +469,4 @@ func waitClusterEvent(t *testing.T, c *world.WorkloadCluster, kind, reason, want
 	if err != nil {
 		t.Fatalf("no %s event %s on Cluster %s naming %q: %v", kind, reason, c.Name, want, err)
 	}
-}
-
-func decodeInto(obj map[string]any, into client.Object) error {
-	raw, err := json.Marshal(obj)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(raw, into)
 }

@@ -45,6 +45,20 @@ var overlays = map[string]overlay{
 			checkRules(t, objs, "ClusterRole", "-hub", generatedRules(t, "config/rbac/hub/role.yaml"))
 		},
 	},
+	"autonode": {
+		toHub:      true,
+		namespaces: []string{"karpenter-autonode"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkRules(t, objs, "ClusterRole", "-autonode", generatedRules(t, "config/rbac/autonode/role.yaml"))
+			checkRules(t, objs, "ClusterRole", "-hub", generatedRules(t, "config/rbac/hub/role.yaml"))
+			if n := len(find(objs, "ClusterRoleBinding")); n != 1 {
+				t.Errorf("%d ClusterRoleBindings, want only the AutoNode controller's: nobody holds the hub rules cluster-wide", n)
+			}
+			if n := len(find(objs, "CustomResourceDefinition")); n != 0 {
+				t.Errorf("%d CRDs: they belong in the workload clusters", n)
+			}
+		},
+	},
 	"management-cluster": {
 		toHub:      true,
 		namespaces: []string{"default"},

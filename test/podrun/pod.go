@@ -26,7 +26,7 @@ import (
 // file system, and the rewrites of paths and addresses.
 type pod struct {
 	name, namespace, root string
-	rewrites          []string // old, new pairs for strings.NewReplacer
+	rewrites              []string // old, new pairs for strings.NewReplacer
 }
 
 func (r *Runner) startPod(ctx context.Context, d *appsv1.Deployment, name string) (*Process, error) {
