@@ -33,6 +33,7 @@ func main() {
 	}
 	dir := flag.String("dir", ".demo", "directory for the kubeconfigs, logs and the provider binary")
 	refresh := flag.Duration("refresh", 2*time.Second, "how often the table is redrawn")
+	withAutoNode := flag.Bool("autonode", false, "run the provider the AutoNode way: the AutoNode controller deploys it for the labelled Cluster (docs/autonode.md)")
 	flag.Parse()
 
 	// SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed) stops the
@@ -49,13 +50,13 @@ func main() {
 			fmt.Fprintln(os.Stderr, "demo: stopping everything it started, a few seconds more")
 		}
 	}()
-	if err := run(ctx, *dir, *refresh, os.Stdout); err != nil {
+	if err := run(ctx, *dir, *refresh, *withAutoNode, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) (err error) {
+func run(ctx context.Context, dir string, refresh time.Duration, withAutoNode bool, out io.Writer) (err error) {
 	t0 := time.Now()
 	say := func(format string, args ...any) {
 		fmt.Fprintf(out, "[%5.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
@@ -126,9 +127,14 @@ func run(ctx context.Context, dir string, refresh time.Duration, out io.Writer) 
 		return interrupted(err)
 	}
 
-	p, err := startProvider(bin, w, filepath.Join(dir, "provider.log"))
+	var p *provider
+	if withAutoNode {
+		p, err = startAutoNode(ctx, bin, w, dir, say)
+	} else {
+		p, err = startProvider(bin, w, filepath.Join(dir, "provider.log"))
+	}
 	if err != nil {
-		return err
+		return interrupted(err)
 	}
 	defer func() {
 		say("stopping the provider (pid %d)", p.pid())

@@ -37,7 +37,11 @@ type provider struct {
 	cmd         *exec.Cmd
 	logPath     string
 	metricsPort int
-	done        chan struct{}
+	done        <-chan struct{}
+	// stopAll, when set, stops what runs the provider instead (AutoNode:
+	// its controller and the pod runner).
+	stopAll    func()
+	startedPid int
 }
 
 // startProvider runs the provider as main.go runs in the topology where it
@@ -75,16 +79,27 @@ func startProvider(bin string, w *world.World, logPath string) (*provider, error
 		_ = logFile.Close()
 		return nil, fmt.Errorf("starting the provider: %w", err)
 	}
-	p := &provider{cmd: cmd, logPath: logPath, metricsPort: metrics, done: make(chan struct{})}
+	done := make(chan struct{})
+	p := &provider{cmd: cmd, logPath: logPath, metricsPort: metrics, done: done}
 	go func() {
 		_ = cmd.Wait()
 		_ = logFile.Close()
-		close(p.done)
+		close(done)
 	}()
 	return p, nil
 }
 
-func (p *provider) pid() int { return p.cmd.Process.Pid }
+func (p *provider) pid() int {
+	if p.cmd == nil {
+		return p.startedPid
+	}
+	return p.cmd.Process.Pid
+}
+
+// newProviderOf is a provider process that something else started.
+func newProviderOf(pid int, logPath string, metricsPort int, done <-chan struct{}, stopAll func()) *provider {
+	return &provider{startedPid: pid, logPath: logPath, metricsPort: metricsPort, done: done, stopAll: stopAll}
+}
 
 func (p *provider) exited() bool {
 	select {
@@ -97,6 +112,10 @@ func (p *provider) exited() bool {
 
 // stop sends SIGTERM to the provider's process group, SIGKILL after 20 s.
 func (p *provider) stop() {
+	if p.stopAll != nil {
+		p.stopAll()
+		return
+	}
 	_ = syscall.Kill(-p.pid(), syscall.SIGTERM)
 	select {
 	case <-p.done:

@@ -287,6 +287,12 @@ func (p *Process) ready() bool {
 	return resp.StatusCode == http.StatusOK
 }
 
+// Pid is the process's id (its process group's too).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Done is closed when the process ends.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
 // Exited reports whether the process ended.
 func (p *Process) Exited() bool {
 	select {
