@@ -112,7 +112,6 @@ generate: ## Generate deepcopy, CRDs and RBAC
 	cp config/rbac/workload/role.yaml charts/karpenter-clusterapi/rbac/workload-role.yaml
 	cp config/rbac/workload/core_role.yaml charts/karpenter-clusterapi/rbac/core-role.yaml
 	cp config/rbac/csr-approver/role.yaml charts/karpenter-clusterapi/rbac/csr-approver-role.yaml
-	cp config/rbac/autonode/role.yaml charts/karpenter-clusterapi/rbac/autonode-role.yaml
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -33,6 +35,9 @@ const Command = "autonode"
 // DefaultImageRepository is the provider's image; the tag is the
 // controller's own version.
 const DefaultImageRepository = "ghcr.io/autonode/karpenter-clusterapi"
+
+// syncPeriod: how soon a knob set on a control plane object is seen.
+const syncPeriod = 5 * time.Minute
 
 // DefaultHubClusterRole is config/rbac/hub's ClusterRole.
 const DefaultHubClusterRole = "karpenter-clusterapi-hub"
@@ -98,7 +103,7 @@ func run(ctx context.Context, o commandOptions) error {
 		return err
 	}
 	r := &Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper(),
 		Config:   Config{Image: o.image, Version: o.version, HubClusterRole: o.hubClusterRole},
 		Recorder: mgr.GetEventRecorderFor(ManagedBy), //nolint:staticcheck // core/v1 events, as Cluster API's own
 	}
@@ -153,7 +158,9 @@ func newManager(cfg *rest.Config, o commandOptions) (ctrl.Manager, error) {
 		LeaderElectionID:              "karpenter-clusterapi-autonode",
 		LeaderElectionNamespace:       o.leaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+		// A knob on a control plane object (no watch of every control plane
+		// kind) is seen within this period.
+		Cache: cache.Options{SyncPeriod: ptr.To(syncPeriod), ByObject: map[client.Object]cache.ByObject{
 			&appsv1.Deployment{}: {Label: labels.SelectorFromSet(labels.Set{nameLabel: providerName})},
 			&corev1.Secret{}:     {Label: labels.NewSelector().Add(*hasCluster)},
 		}},

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -42,10 +43,13 @@ type Reconciler struct {
 	// manager's cache and writes to the management cluster.
 	Client client.Client
 	// APIReader reads what the cache does not hold (the objects removed on
-	// opt-out).
+	// opt-out, control plane objects).
 	APIReader client.Reader
-	Config    Config
-	Recorder  record.EventRecorder
+	// RESTMapper finds the version of a Cluster's control plane kind; nil
+	// reads the knob from the Cluster only.
+	RESTMapper meta.RESTMapper
+	Config     Config
+	Recorder   record.EventRecorder
 	// Workload opens a workload cluster's client; NewWorkloadClient by default.
 	Workload WorkloadClients
 	// Now is the clock of condition transitions; time.Now by default.
@@ -132,7 +136,15 @@ func requeueOf(d Decision) time.Duration {
 // signals, AutoNode's Deployment, and the workload cluster only when a
 // decision depends on it (a first start, an opt-out).
 func (r *Reconciler) observe(ctx context.Context, c *clusterv1.Cluster) (Observation, *appsv1.Deployment, []byte, error) {
-	s, invalid := Parse(c)
+	knobs := c
+	if _, labelled := c.Labels[EnabledLabel]; !labelled {
+		cp, err := controlPlaneMetadata(ctx, r.APIReader, r.RESTMapper, c)
+		if err != nil {
+			return Observation{}, nil, nil, err
+		}
+		knobs = withControlPlaneKnob(c, cp)
+	}
+	s, invalid := Parse(knobs)
 	o := Observation{
 		Cluster: c.Namespace + "/" + c.Name, Settings: s, Invalid: invalid,
 		Deleting:                !c.DeletionTimestamp.IsZero(),
