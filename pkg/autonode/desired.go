@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -88,6 +89,8 @@ func objectMeta(c *clusterv1.Cluster) metav1.ObjectMeta {
 		Namespace: c.Namespace, Name: ObjectName(c), Labels: Labels(c),
 		OwnerReferences: []metav1.OwnerReference{{
 			APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: c.Name, UID: c.UID,
+			// No blockOwnerDeletion: deleting the Cluster never waits on these.
+			Controller: ptr.To(true),
 		}},
 	}
 }
@@ -223,7 +226,7 @@ func container(c *clusterv1.Cluster, s Settings, cfg Config) corev1.Container {
 				ContainerName: "controller", Resource: "limits.memory",
 			}}},
 			{Name: "CPU_REQUESTS", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
-				ContainerName: "controller", Resource: "requests.cpu",
+				ContainerName: "controller", Resource: "requests.cpu", Divisor: resource.MustParse("1m"),
 			}}},
 		},
 		Ports: []corev1.ContainerPort{
