@@ -84,7 +84,7 @@ func TestDesiredDeploymentIsTopologyB(t *testing.T) {
 	if ctr.Image != testConfig.Image || d.Annotations[VersionAnnotation] != "v1.2.3" || *d.Spec.Replicas != 1 {
 		t.Errorf("image %s, version %s, replicas %d", ctr.Image, d.Annotations[VersionAnnotation], *d.Spec.Replicas)
 	}
-	if env(ctr, "LEADER_ELECTION_NAMESPACE") != "kube-system" || env(ctr, "DISABLE_LEADER_ELECTION") != "" {
+	if envOf(ctr, "LEADER_ELECTION_NAMESPACE") != "kube-system" || envOf(ctr, "DISABLE_LEADER_ELECTION") != "" {
 		t.Errorf("leader election env %v", ctr.Env)
 	}
 	var secret *corev1.SecretVolumeSource
@@ -111,7 +111,7 @@ func TestDesiredDeploymentFollowsSettings(t *testing.T) {
 	ctr := d.Spec.Template.Spec.Containers[0]
 	cpu, mem, limit := ctr.Resources.Requests[corev1.ResourceCPU], ctr.Resources.Requests[corev1.ResourceMemory], ctr.Resources.Limits[corev1.ResourceMemory]
 	if !slices.Contains(ctr.Args, "--approve-kubelet-csrs=true") || *d.Spec.Replicas != 3 || cpu.String() != "2" || mem.String() != "3Gi" ||
-		limit.String() != "3Gi" || env(ctr, "LOG_LEVEL") != "debug" || ctr.Image != "mirror.example/kc:pinned" {
+		limit.String() != "3Gi" || envOf(ctr, "LOG_LEVEL") != "debug" || ctr.Image != "mirror.example/kc:pinned" {
 		t.Errorf("deployment does not follow the settings: args %v replicas %d resources %v env %v image %s", ctr.Args, *d.Spec.Replicas, ctr.Resources, ctr.Env, ctr.Image)
 	}
 }
@@ -128,7 +128,7 @@ func TestHubKubeconfigIsInCluster(t *testing.T) {
 	}
 }
 
-func env(c corev1.Container, name string) string {
+func envOf(c corev1.Container, name string) string {
 	for _, e := range c.Env {
 		if e.Name == name {
 			return e.Value
