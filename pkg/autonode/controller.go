@@ -149,7 +149,9 @@ func (r *Reconciler) observe(ctx context.Context, c *clusterv1.Cluster) (Observa
 		Cluster: c.Namespace + "/" + c.Name, Settings: s, Invalid: invalid,
 		Deleting:                !c.DeletionTimestamp.IsZero(),
 		ControlPlaneInitialized: ptr.Deref(c.Status.Initialization.ControlPlaneInitialized, false),
-		HasCondition:            currentCondition(c) != nil,
+	}
+	if cond := currentCondition(c); cond != nil {
+		o.HasCondition, o.ConditionReason = true, cond.Reason
 	}
 	provider, err := r.provider(ctx, c)
 	if err != nil {

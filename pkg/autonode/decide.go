@@ -55,8 +55,10 @@ type Observation struct {
 	ControlPlaneInitialized, KubeconfigExists bool
 	// ProviderExists: AutoNode's Deployment of the Cluster exists.
 	ProviderExists bool
-	// HasCondition: the Cluster carries AutoNode's condition.
-	HasCondition bool
+	// HasCondition: the Cluster carries AutoNode's condition;
+	// ConditionReason is its reason.
+	HasCondition    bool
+	ConditionReason string
 	// HandInstalled names a provider AutoNode did not install that serves
 	// (or may serve) the Cluster; empty when none.
 	HandInstalled string
@@ -92,6 +94,8 @@ func Decide(o Observation) Decision {
 		return decideEnabled(o)
 	case o.ProviderExists:
 		return decideOptOut(o)
+	case o.HasCondition && o.ConditionReason == ReasonDisabled:
+		return Decision{Step: Leave} // it says how the opt-out ended: keep it
 	case o.HasCondition:
 		return Decision{Step: Report, Reason: ReasonDisabled, Message: fmt.Sprintf("AutoNode is off for Cluster %s: no provider runs for it", o.Cluster)}
 	default:

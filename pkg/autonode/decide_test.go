@@ -39,7 +39,8 @@ func TestDecide(t *testing.T) {
 		{"opt out: then the provider", ready(Observation{ProviderExists: true, Workload: &WorkloadObservation{}}), RemoveProvider, ReasonDisabled},
 		{"opt out: unreachable keeps the provider", ready(Observation{ProviderExists: true, Workload: &WorkloadObservation{Err: errors.New("refused")}}), Report, ReasonWorkloadClusterUnreachable},
 		{"opt out keeping nodes", ready(Observation{Settings: Settings{OnDisable: KeepNodes}, ProviderExists: true}), RemoveProvider, ReasonDisabled},
-		{"opted out earlier: says so", ready(Observation{HasCondition: true}), Report, ReasonDisabled},
+		{"opted out while not running: says so", ready(Observation{HasCondition: true, ConditionReason: ReasonWaitingForKubeconfig}), Report, ReasonDisabled},
+		{"opted out earlier: its message stays", ready(Observation{HasCondition: true, ConditionReason: ReasonDisabled}), Leave, ""},
 	} {
 		d := Decide(tc.o)
 		if d.Step != tc.step || d.Reason != tc.reason {

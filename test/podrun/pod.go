@@ -297,7 +297,8 @@ func (r *Runner) exec(p *pod, ctr corev1.Container, env []string) (*Process, err
 	env = append(env, fmt.Sprintf("METRICS_PORT=%d", metrics), fmt.Sprintf("HEALTH_PROBE_PORT=%d", health))
 	env = append(append(env, r.o.Env...), "PATH="+os.Getenv("PATH"))
 	logPath := filepath.Join(r.o.Dir, p.namespace+"-"+p.name+".log")
-	logFile, err := os.Create(logPath)
+	// Appended to: a container started again keeps its previous output.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +311,7 @@ func (r *Runner) exec(p *pod, ctr corev1.Container, env []string) (*Process, err
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
-	proc := &Process{Name: p.name, LogPath: logPath, HealthPort: health, MetricsPort: metrics, cmd: cmd, done: make(chan struct{})}
+	proc := &Process{Name: p.name, LogPath: logPath, HealthPort: health, MetricsPort: metrics, cmd: cmd, done: make(chan struct{}), probe: ctr.ReadinessProbe}
 	go func() {
 		_ = cmd.Wait()
 		logFile.Close()

@@ -96,6 +96,11 @@ type Process struct {
 	HealthPort, MetricsPort int
 	cmd                     *exec.Cmd
 	done                    chan struct{}
+	// probe is the container's readiness probe; ready and failures its
+	// state (the runner's loop is its only caller).
+	probe    *corev1.Probe
+	isReady  bool
+	failures int32
 }
 
 // Start starts a Runner that looks at the Deployments every 300 ms.
@@ -273,18 +278,40 @@ func (r *Runner) writeStatus(ctx context.Context, d *appsv1.Deployment, procs []
 	_ = r.client.Status().Patch(ctx, patch, client.MergeFrom(d))
 }
 
-// ready: the process's health port answers /readyz with 200.
+// ready probes the process as the kubelet does its readiness probe (an
+// HTTP GET of the probe's path on the health port, within its timeout):
+// ready at the first success, unready after failureThreshold failures in a
+// row. Without a probe, ready while it runs.
 func (p *Process) ready() bool {
 	if p.Exited() {
+		p.isReady = false
 		return false
 	}
-	c := http.Client{Timeout: 500 * time.Millisecond}
-	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", p.HealthPort))
-	if err != nil {
-		return false
+	if p.probe == nil || p.probe.HTTPGet == nil {
+		return true
 	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	// Capped: the runner probes in its one loop, the kubelet in parallel.
+	timeout := min(time.Duration(max(p.probe.TimeoutSeconds, 1))*time.Second, 5*time.Second)
+	c := http.Client{Timeout: timeout}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", p.HealthPort, p.probe.HTTPGet.Path))
+	ok := err == nil && resp.StatusCode >= 200 && resp.StatusCode < 400
+	if err == nil {
+		resp.Body.Close()
+	}
+	switch {
+	case ok:
+		p.isReady, p.failures = true, 0
+	default:
+		p.failures++
+		threshold := p.probe.FailureThreshold
+		if threshold == 0 {
+			threshold = 3
+		}
+		if p.failures >= threshold {
+			p.isReady = false
+		}
+	}
+	return p.isReady
 }
 
 // Pid is the process's id (its process group's too).
