@@ -112,13 +112,15 @@ generate: ## Generate deepcopy, CRDs and RBAC
 	cp config/rbac/workload/role.yaml charts/karpenter-clusterapi/rbac/workload-role.yaml
 	cp config/rbac/workload/core_role.yaml charts/karpenter-clusterapi/rbac/core-role.yaml
 	cp config/rbac/csr-approver/role.yaml charts/karpenter-clusterapi/rbac/csr-approver-role.yaml
+	cp config/rbac/autonode/role.yaml charts/karpenter-clusterapi-autonode/rbac/autonode-role.yaml
+	cp config/rbac/hub/role.yaml charts/karpenter-clusterapi-autonode/rbac/hub-role.yaml
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale
 	go mod tidy
-	@git diff --exit-code -- go.mod go.sum pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac || \
+	@git diff --exit-code -- go.mod go.sum pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac charts/karpenter-clusterapi-autonode/rbac || \
 		{ echo "generated files are stale: run 'make generate' (and 'go mod tidy') and commit the result"; exit 1; }
-	@untracked=$$(git ls-files --others --exclude-standard -- pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac); \
+	@untracked=$$(git ls-files --others --exclude-standard -- pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac charts/karpenter-clusterapi-autonode/rbac); \
 		if [ -n "$$untracked" ]; then echo "generated files not committed: $$untracked"; exit 1; fi
 
 .PHONY: lint

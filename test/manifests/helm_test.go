@@ -184,6 +184,8 @@ func TestChartInSync(t *testing.T) {
 		"charts/karpenter-clusterapi/rbac/workload-role.yaml":     filepath.Join(root, "config/rbac/workload/role.yaml"),
 		"charts/karpenter-clusterapi/rbac/core-role.yaml":         filepath.Join(root, "config/rbac/workload/core_role.yaml"),
 		"charts/karpenter-clusterapi/rbac/csr-approver-role.yaml": filepath.Join(root, "config/rbac/csr-approver/role.yaml"),
+		autonodeChartDir + "/rbac/autonode-role.yaml":             filepath.Join(root, "config/rbac/autonode/role.yaml"),
+		autonodeChartDir + "/rbac/hub-role.yaml":                  filepath.Join(root, "config/rbac/hub/role.yaml"),
 	}
 	var want []string
 	for _, dir := range []string{"config/crd/bases", "config/crd/karpenter"} {
