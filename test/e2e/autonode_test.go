@@ -55,7 +55,7 @@ func TestAutoNode(t *testing.T) {
 	t.Logf("Clusters autonode-a/a1 and autonode-b/b1 with their workload clusters added in %s", time.Since(start).Round(100*time.Millisecond))
 
 	runner := startPodRunner(t)
-	controller := startAutoNodeController(t, "e2e")
+	controller, metricsPort := startAutoNodeController(t, "e2e")
 	t.Cleanup(func() {
 		if t.Failed() {
 			dumpTail(controller.LogPath, 80)
@@ -81,6 +81,7 @@ func TestAutoNode(t *testing.T) {
 		waitAutoNodeCondition(t, c, metav1.ConditionTrue, autonode.ReasonRunning, "(AutoNode e2e)")
 	}
 	t.Logf("both providers Running %s after the label", time.Since(optIn).Round(100*time.Millisecond))
+	checkReadyMetric(t, metricsPort, a1, 1)
 	checkOwnedByCluster(t, a1)
 	checkProviderRBAC(t, a1, b1)
 
@@ -155,7 +156,7 @@ func startPodRunner(t *testing.T) *podrun.Runner {
 // startAutoNodeController runs `karpenter-clusterapi autonode` with the
 // identity its packaged RBAC gives it: a ServiceAccount holding
 // config/rbac/autonode's rules (and the hub ClusterRole it binds).
-func startAutoNodeController(t *testing.T, version string) *autonoderun.Controller {
+func startAutoNodeController(t *testing.T, version string) (*autonoderun.Controller, int) {
 	t.Helper()
 	kubeconfig, err := autonoderun.Install(context.Background(), w.Hub.Client, w.Hub.Config, w.Dir)
 	if err != nil {
@@ -170,7 +171,7 @@ func startAutoNodeController(t *testing.T, version string) *autonoderun.Controll
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	return c
+	return c, metrics
 }
 
 // namespacedMachineDeployment is an eligible MachineDeployment of a
@@ -468,5 +469,20 @@ func waitClusterEvent(t *testing.T, c *world.WorkloadCluster, kind, reason, want
 	})
 	if err != nil {
 		t.Fatalf("no %s event %s on Cluster %s naming %q: %v", kind, reason, c.Name, want, err)
+	}
+}
+
+// checkReadyMetric reads karpenter_clusterapi_autonode_ready of the Cluster
+// from the controller's metrics endpoint.
+func checkReadyMetric(t *testing.T, port int, c *world.WorkloadCluster, want float64) {
+	t.Helper()
+	p := &Provider{MetricsPort: port}
+	series := fmt.Sprintf(`karpenter_clusterapi_autonode_ready{cluster=%q,namespace=%q}`, c.Name, c.Namespace)
+	err := WaitFor(context.Background(), 30*time.Second, func(context.Context) (bool, error) {
+		v, ok, err := p.Metric(series)
+		return ok && v == want, err
+	})
+	if err != nil {
+		t.Errorf("%s is not %v: %v", series, want, err)
 	}
 }
