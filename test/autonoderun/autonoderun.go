@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -33,6 +34,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/autonode"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 	"github.com/autonode/karpenter-clusterapi/test/podrun"
+	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
 // Namespace of the AutoNode controller.
@@ -113,10 +115,27 @@ func applyRBACFile(ctx context.Context, hub client.Client, path string) error {
 		if o.GetNamespace() != "" {
 			o.SetNamespace(Namespace)
 		}
+		if cr, ok := o.(*rbacv1.ClusterRole); ok && cr.Name == autonode.DefaultHubClusterRole {
+			cr.Rules = withWorldControlPlane(cr.Rules)
+		}
 		if err := client.IgnoreAlreadyExists(hub.Create(ctx, o)); err != nil {
 			return fmt.Errorf("creating %s from %s: %w", o.GetName(), path, err)
 		}
 	}
+}
+
+// withWorldControlPlane grants on the world's control plane kind (its
+// stand-in for a real provider's, in a group of its own) what the rules
+// grant on controlplane.cluster.x-k8s.io.
+func withWorldControlPlane(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
+	for _, r := range rules {
+		if slices.Contains(r.APIGroups, "controlplane.cluster.x-k8s.io") {
+			extra := *r.DeepCopy()
+			extra.APIGroups = []string{world.ControlPlaneGroup}
+			return append(rules, extra)
+		}
+	}
+	return rules
 }
 
 func serviceAccountKubeconfig(ctx context.Context, cfg *rest.Config, sa *corev1.ServiceAccount, path string) (string, error) {
