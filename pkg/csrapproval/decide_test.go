@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"testing"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,10 @@ const (
 )
 
 var (
+	// machineCreated is when the test's Machine was created; its kubelet's
+	// requests come later (requested).
+	machineCreated = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+	requested      = machineCreated.Add(90 * time.Second)
 	clientUsagesECDSA  = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
 	servingUsagesECDSA = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
 	p256               = mustKey(ecdsa.GenerateKey(elliptic.P256(), rand.Reader))
@@ -59,7 +64,7 @@ func subject(name string) pkix.Name {
 func clientCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningRequest, *x509.CertificateRequest) crypto.Signer) *certificatesv1.CertificateSigningRequest {
 	t.Helper()
 	csr := &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{Name: csrName},
+		ObjectMeta: metav1.ObjectMeta{Name: csrName, CreationTimestamp: metav1.NewTime(requested)},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName,
 			Username:   bootUser,
@@ -83,7 +88,7 @@ func clientCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningReque
 func servingCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningRequest, *x509.CertificateRequest) crypto.Signer) *certificatesv1.CertificateSigningRequest {
 	t.Helper()
 	csr := &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{Name: csrName},
+		ObjectMeta: metav1.ObjectMeta{Name: csrName, CreationTimestamp: metav1.NewTime(requested)},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			SignerName: certificatesv1.KubeletServingSignerName,
 			Username:   NodeUserPrefix + node,
@@ -103,7 +108,7 @@ func servingCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningRequ
 }
 
 func machine() Machine {
-	return Machine{Key: "default/c1-general-x7k2p", Addresses: clusterv1.MachineAddresses{
+	return Machine{Key: "default/c1-general-x7k2p", Created: machineCreated, Addresses: clusterv1.MachineAddresses{
 		{Type: clusterv1.MachineInternalIP, Address: nodeIP},
 		{Type: clusterv1.MachineInternalDNS, Address: node},
 	}}
@@ -153,10 +158,10 @@ func TestJudge(t *testing.T) {
 			_, k, _ := ed25519.GenerateKey(rand.Reader)
 			return k
 		}), facts: clientFacts(nil), want: Approve, reason: ReasonApproved},
-		{name: "client: a node-bootstrapper service account", csr: clientCSR(t, func(c *certificatesv1.CertificateSigningRequest, _ *x509.CertificateRequest) crypto.Signer {
+		{name: "client: a node-bootstrapper service account nobody configured", csr: clientCSR(t, func(c *certificatesv1.CertificateSigningRequest, _ *x509.CertificateRequest) crypto.Signer {
 			c.Spec.Username, c.Spec.Groups = "system:serviceaccount:openshift-machine-config-operator:node-bootstrapper", []string{"system:serviceaccounts"}
 			return nil
-		}), facts: clientFacts(nil), want: Approve, reason: ReasonApproved},
+		}), facts: clientFacts(nil), want: Refuse, reason: ReasonIdentity},
 		{name: "client: the same request again after approval recorded", csr: clientCSR(t, nil), facts: clientFacts(func(f *Facts) {
 			f.Machines[0].NodeClaim.ApprovedClientCSR = csrName
 		}), want: Approve, reason: ReasonApproved},
@@ -302,7 +307,7 @@ func TestJudge(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Judge(ReadRequest(tc.csr), tc.facts)
+			got := Judge(Policy{}, ReadRequest(tc.csr), tc.facts)
 			if got.Verdict != tc.want || got.Reason != tc.reason {
 				t.Fatalf("Judge = %s/%s (%s), want %s/%s", got.Verdict, got.Reason, got.Message, tc.want, tc.reason)
 			}
@@ -349,7 +354,7 @@ func FuzzReadAndJudge(f *testing.F) {
 			facts = servingFacts(nil)
 		}
 		r := ReadRequest(csr)
-		if d := Judge(r, facts); d.Verdict == Approve && r.X509 == nil {
+		if d := Judge(Policy{}, r, facts); d.Verdict == Approve && r.X509 == nil {
 			t.Fatalf("approved a request that does not parse: %v", r.ParseErr)
 		}
 	})
