@@ -32,8 +32,8 @@ const (
 var (
 	// machineCreated is when the test's Machine was created; its kubelet's
 	// requests come later (requested).
-	machineCreated = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
-	requested      = machineCreated.Add(90 * time.Second)
+	machineCreated     = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+	requested          = machineCreated.Add(90 * time.Second)
 	clientUsagesECDSA  = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
 	servingUsagesECDSA = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
 	p256               = mustKey(ecdsa.GenerateKey(elliptic.P256(), rand.Reader))
