@@ -88,17 +88,8 @@ func (c *Controller) Name() string { return "csr.approval" }
 // what a decision depends on.
 func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
 	c.recorder = m.GetEventRecorderFor("karpenter-clusterapi") //nolint:staticcheck // the recorder core uses too
-	if err := m.GetFieldIndexer().IndexField(ctx, &certificatesv1.CertificateSigningRequest{}, indexNodeName, func(o client.Object) []string {
-		csr := o.(*certificatesv1.CertificateSigningRequest)
-		if !pending(csr) {
-			return nil
-		}
-		if r := ReadRequest(csr); r.NodeName != "" {
-			return []string{r.canonicalNodeName()}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("indexing CertificateSigningRequests by node name: %w", err)
+	if err := IndexRequests(ctx, m.GetFieldIndexer()); err != nil {
+		return err
 	}
 	return controllerruntime.NewControllerManagedBy(m).
 		Named(c.Name()).
@@ -124,6 +115,24 @@ func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
 				return c.machineToRequests(ctx, o.(*clusterv1.Machine))
 			}))).
 		Complete(c)
+}
+
+// IndexRequests indexes the pending kubelet requests by the node they name,
+// in canonical form: what the controller finds competing requests by.
+func IndexRequests(ctx context.Context, indexer client.FieldIndexer) error {
+	if err := indexer.IndexField(ctx, &certificatesv1.CertificateSigningRequest{}, indexNodeName, func(o client.Object) []string {
+		csr := o.(*certificatesv1.CertificateSigningRequest)
+		if !pending(csr) {
+			return nil
+		}
+		if r := ReadRequest(csr); r.NodeName != "" {
+			return []string{r.canonicalNodeName()}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing CertificateSigningRequests by node name: %w", err)
+	}
+	return nil
 }
 
 // decidedOrPending passes the events of kubelet requests that are pending
