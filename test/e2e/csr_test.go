@@ -17,6 +17,7 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -362,6 +363,17 @@ func attackPendingNodes(t *testing.T, victims map[string]victim) []*certificates
 		done[v.pool] = true
 		evil := "evil-" + v.pool
 		tenant := "system:serviceaccount:tenant-" + v.pool + ":node-bootstrapper"
+		// A tenant allowed to file certificate requests, as any cluster
+		// may let its workloads.
+		mayRequest := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "csr-tenant-" + v.pool},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node-bootstrapper"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:serviceaccounts:tenant-" + v.pool}},
+		}
+		if err := w.Spoke.Client.Create(ctx, mayRequest); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Spoke.Client.Delete(context.Background(), mayRequest) })
 		out = append(out,
 			makeCSR(t, "system:bootstrap:att4ck", []string{csrapproval.BootstrappersGroup, world.KubeadmTokenGroup}, "attack-token-"+v.pool,
 				certificatesv1.KubeAPIServerClientKubeletSignerName, x509.CertificateRequest{Subject: nodeName(v.host)}),
