@@ -113,23 +113,42 @@ func TestKubeletCSRApproval(t *testing.T) {
 	// Every node joined through a request the provider approved, recorded
 	// on its NodeClaim, and got its serving certificate the same way.
 	var registered []karpv1.NodeClaim
-	for _, p := range []string{"csr-md", "csr-m"} {
-		ncs := &karpv1.NodeClaimList{}
-		if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: p}); err != nil {
-			t.Fatal(err)
+	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		registered = nil
+		for _, p := range []string{"csr-md", "csr-m"} {
+			ncs := &karpv1.NodeClaimList{}
+			if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: p}); err != nil {
+				return false, err
+			}
+			n := 0
+			for _, nc := range ncs.Items {
+				if nc.DeletionTimestamp.IsZero() && nc.Status.NodeName != "" {
+					registered, n = append(registered, nc), n+1
+				}
+			}
+			if n != 2 || len(ncs.Items) != 2 {
+				return false, nil
+			}
 		}
-		if len(ncs.Items) != 2 {
-			t.Fatalf("pool %s has %d NodeClaims, want 2", p, len(ncs.Items))
+		return true, nil
+	}); err != nil {
+		t.Fatalf("want 2 registered NodeClaims per pool and no other, have %v: %v", names(registered), err)
+	}
+	// The kubelets whose client certificate an attacker asked for first
+	// joined with their own request, on the NodeClaim launched for them.
+	for claim, v := range victims {
+		if !v.clientAttacked {
+			continue
 		}
-		registered = append(registered, ncs.Items...)
+		nc := &karpv1.NodeClaim{}
+		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: claim}, nc); err != nil || nc.Status.NodeName != v.host {
+			t.Fatalf("NodeClaim %s, whose node's client certificate was asked for by attackers first, did not register its kubelet's Node %s (Node %q, %v)", claim, v.host, nc.Status.NodeName, err)
+		}
+		if got, want := nc.Annotations[v1alpha1.KubeletClientCSRAnnotation], world.ClientCSRName(world.Instance{ID: instanceID(v.providerID)}); got != want {
+			t.Fatalf("NodeClaim %s records client request %q, want its kubelet's %s", claim, got, want)
+		}
 	}
 	for _, nc := range registered {
-		if nc.Status.NodeName == "" {
-			t.Fatalf("NodeClaim %s has no Node", nc.Name)
-		}
-		if _, ok := victims[nc.Name]; !ok {
-			t.Fatalf("NodeClaim %s is not one of those attacked before their kubelets asked (%v): a kubelet did not join first time", nc.Name, keys(victims))
-		}
 		cc := csrOf(t, nc.Status.NodeName, "client")
 		if cc == nil || !approvedByProvider(cc) || len(cc.Status.Certificate) == 0 {
 			t.Fatalf("client request of node %s: not approved by the provider and signed: %+v", nc.Status.NodeName, cc)
@@ -155,7 +174,12 @@ func TestKubeletCSRApproval(t *testing.T) {
 	// a bootstrap token asking for a name no Machine has; a second client
 	// certificate for a node that registered; a node asking for a serving
 	// certificate for a name that is not its Machine's.
-	victim := registered[0]
+	var victim karpv1.NodeClaim
+	for _, nc := range registered {
+		if victims[nc.Name].clientAttacked {
+			victim = nc
+		}
+	}
 	forged := append([]*certificatesv1.CertificateSigningRequest{}, attacks...)
 	forged = append(forged, []*certificatesv1.CertificateSigningRequest{
 		makeCSR(t, world.BootstrapTokenUser, []string{csrapproval.BootstrappersGroup}, "forged-unknown-node", certificatesv1.KubeAPIServerClientKubeletSignerName,
@@ -287,6 +311,13 @@ func TestKubeletCSRApproval(t *testing.T) {
 // Machine's node name, private IP, providerID and bootstrap token user.
 type victim struct {
 	pool, host, ip, providerID, tokenUser string
+	// clientAttacked: attackers asked for its client certificate first.
+	clientAttacked bool
+}
+
+// instanceID is the instance ID at the end of an AWS providerID.
+func instanceID(providerID string) string {
+	return providerID[strings.LastIndex(providerID, "/")+1:]
 }
 
 // launchedUnjoined waits for n NodeClaims of the pools that launched and
@@ -354,14 +385,26 @@ func attackPendingNodes(t *testing.T, victims map[string]victim) []*certificates
 	t.Helper()
 	ctx := context.Background()
 	var out []*certificatesv1.CertificateSigningRequest
-	done := map[string]bool{}
+	// Per pool, the first victim's client certificate is asked for, the
+	// second's serving certificate: a Node claiming another's providerID is
+	// taken for that NodeClaim's by Karpenter core, which then replaces it
+	// when the Node goes; the first must join as if nothing happened.
+	seen := map[string]int{}
+	var clientVictims, servingVictims []string
 	for _, claim := range keys(victims) {
 		v := victims[claim]
-		if done[v.pool] {
-			continue
+		switch seen[v.pool] {
+		case 0:
+			v.clientAttacked = true
+			victims[claim] = v
+			clientVictims = append(clientVictims, claim)
+		case 1:
+			servingVictims = append(servingVictims, claim)
 		}
-		done[v.pool] = true
-		evil := "evil-" + v.pool
+		seen[v.pool]++
+	}
+	for _, claim := range clientVictims {
+		v := victims[claim]
 		tenant := "system:serviceaccount:tenant-" + v.pool + ":node-bootstrapper"
 		// A tenant allowed to file certificate requests, as any cluster
 		// may let its workloads.
@@ -380,13 +423,25 @@ func attackPendingNodes(t *testing.T, victims map[string]victim) []*certificates
 			makeCSR(t, tenant, []string{csrapproval.ServiceAccountsGroup, "system:serviceaccounts:tenant-" + v.pool}, "attack-sa-"+v.pool,
 				certificatesv1.KubeAPIServerClientKubeletSignerName, x509.CertificateRequest{Subject: nodeName(v.host)}),
 		)
+		for _, want := range []string{csrapproval.ReasonNotTheMachinesToken, csrapproval.ReasonIdentity} {
+			if err := WaitFor(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+				return hasEvent(ctx, claim, "KubeletCSRNotApproved", want)
+			}); err != nil {
+				logCSRs(t)
+				t.Fatalf("%s: no KubeletCSRNotApproved event (%s) on NodeClaim %s: %v", v.pool, want, claim, err)
+			}
+		}
+	}
+	for _, claim := range servingVictims {
+		v := victims[claim]
+		evil := "evil-" + v.pool
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: evil}, Spec: corev1.NodeSpec{ProviderID: v.providerID}}
 		if err := w.Spoke.Client.Create(ctx, node); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, makeCSR(t, csrapproval.NodeUserPrefix+evil, []string{csrapproval.NodesGroup}, "attack-serving-"+v.pool,
 			certificatesv1.KubeletServingSignerName, x509.CertificateRequest{Subject: nodeName(evil), DNSNames: []string{v.host}, IPAddresses: []net.IP{net.ParseIP(v.ip)}}))
-		for _, want := range []string{csrapproval.ReasonNotTheMachinesToken, csrapproval.ReasonIdentity, csrapproval.ReasonNameNotOnMachine} {
+		for _, want := range []string{csrapproval.ReasonNameNotOnMachine} {
 			if err := WaitFor(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
 				return hasEvent(ctx, claim, "KubeletCSRNotApproved", want)
 			}); err != nil {
