@@ -289,12 +289,19 @@ func (c *Controller) recordClientApproval(ctx context.Context, claim, csrName st
 	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: claim}, nc); err != nil {
 		return fmt.Errorf("reading NodeClaim %s: %w", claim, err)
 	}
-	switch nc.Annotations[v1alpha1.KubeletClientCSRAnnotation] {
+	switch recorded := nc.Annotations[v1alpha1.KubeletClientCSRAnnotation]; recorded {
 	case csrName:
 		return nil
 	case "":
 	default:
-		return fmt.Errorf("NodeClaim %s had another client certificate request approved meanwhile", claim)
+		// A record of a request that is gone, denied or failed is replaced.
+		state, err := c.recordState(ctx, recorded)
+		if err != nil {
+			return err
+		}
+		if state != RecordVoid {
+			return fmt.Errorf("NodeClaim %s had another client certificate request (%s) approved meanwhile", claim, recorded)
+		}
 	}
 	patch := client.MergeFromWithOptions(nc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if nc.Annotations == nil {

@@ -437,6 +437,10 @@ func TestControllerGathersClientFacts(t *testing.T) {
 	if f, err = r.c.facts(ctx, ReadRequest(first)); err != nil || f.Machines[0].NodeClaim.ApprovedClientCSRState != RecordVoid {
 		t.Fatalf("record of a request that does not exist: state %q (%v), want %s", f.Machines[0].NodeClaim.ApprovedClientCSRState, err, RecordVoid)
 	}
+	// ... and is replaced when a request is approved.
+	if err := r.c.recordClientApproval(ctx, "claim-facts", first.Name); err != nil || r.record("claim-facts") != first.Name {
+		t.Fatalf("recording %s over a void record: %v, record %q", first.Name, err, r.record("claim-facts"))
+	}
 
 	f, err = r.c.facts(ctx, ReadRequest(r.request("facts-lone", "system:bootstrap:fact5s", tokenGroups, certificatesv1.KubeAPIServerClientKubeletSignerName, x509.CertificateRequest{Subject: subject(lone)})))
 	if err != nil || len(f.Machines) != 1 || f.Machines[0].Machine.BootstrapMissing == "" {

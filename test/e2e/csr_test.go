@@ -209,6 +209,9 @@ func TestKubeletCSRApproval(t *testing.T) {
 	if cur, err = StartProvider(bin, w, "csr-off.log"); err != nil {
 		t.Fatal(err)
 	}
+	// (The kubelets of the NodeClaims the foreign Nodes took asked too, and
+	// wait in vain: only requests from here on count.)
+	scaled := time.Now().Add(-time.Second)
 	scaleDeployment(t, dMD, 3)
 	scaleDeployment(t, dM, 3)
 	var waiting []karpv1.NodeClaim
@@ -231,7 +234,7 @@ func TestKubeletCSRApproval(t *testing.T) {
 			return false, err
 		}
 		for _, c := range list.Items {
-			if len(c.Status.Conditions) == 0 && c.CreationTimestamp.After(start) {
+			if len(c.Status.Conditions) == 0 && c.CreationTimestamp.After(scaled) {
 				pendingCSRs = append(pendingCSRs, c.Name)
 			}
 		}
