@@ -103,7 +103,9 @@ generate: ## Generate deepcopy, CRDs and RBAC
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-hub paths=./pkg/hub/... output:rbac:artifacts:config=config/rbac/hub
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-workload paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac/workload
 	@# Granted only with --approve-kubelet-csrs (config/components/approve-kubelet-csrs, Helm value approveKubeletCSRs).
-	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-csr-approver paths=./pkg/csrapproval/... output:rbac:artifacts:config=config/rbac/csr-approver
+	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-csr-approver paths=./pkg/csrapproval output:rbac:artifacts:config=config/rbac/csr-approver
+	@# Granted only with --kubelet-csr-bootstrap-authorization=subjectaccessreview (config/components/kubelet-csr-subjectaccessreview).
+	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-csr-approver-sar paths=./pkg/csrapproval/subjectaccessreview output:rbac:artifacts:config=config/rbac/csr-approver-sar
 	@# The AutoNode controller (karpenter-clusterapi autonode), in the management cluster.
 	$(TOOLS) controller-gen rbac:roleName=karpenter-clusterapi-autonode paths=./pkg/autonode/... output:rbac:artifacts:config=config/rbac/autonode
 	@# The Helm chart carries the same CRDs and RBAC rules.
@@ -114,6 +116,7 @@ generate: ## Generate deepcopy, CRDs and RBAC
 	cp config/rbac/csr-approver/role.yaml charts/karpenter-clusterapi/rbac/csr-approver-role.yaml
 	cp config/rbac/autonode/role.yaml charts/karpenter-clusterapi-autonode/rbac/autonode-role.yaml
 	cp config/rbac/hub/role.yaml charts/karpenter-clusterapi-autonode/rbac/hub-role.yaml
+	cp config/rbac/csr-approver-sar/role.yaml charts/karpenter-clusterapi/rbac/csr-approver-sar-role.yaml
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale

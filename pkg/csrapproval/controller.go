@@ -7,16 +7,19 @@ import (
 	"sync"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	controllerruntime "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -58,9 +61,13 @@ type Machines interface {
 // before its Machine reports its address is decided when it does).
 type Controller struct {
 	kubeClient client.Client
-	hub        *hub.Hub
-	machines   Machines
-	recorder   record.EventRecorder
+	// apiReader reads the workload cluster live, where the cache may lag
+	// behind the controller's own writes.
+	apiReader client.Reader
+	hub       *hub.Hub
+	machines  Machines
+	policy    Policy
+	recorder  record.EventRecorder
 
 	mu sync.Mutex
 	// refused is the last refusal reason counted per request name, so that
@@ -70,8 +77,8 @@ type Controller struct {
 
 // NewController returns the approver; kubeClient is the workload cluster's
 // cached client (with core's NodeClaim providerID index).
-func NewController(kubeClient client.Client, h *hub.Hub, machines Machines) *Controller {
-	return &Controller{kubeClient: kubeClient, hub: h, machines: machines, refused: map[string]string{}}
+func NewController(kubeClient client.Client, apiReader client.Reader, h *hub.Hub, machines Machines, policy Policy) *Controller {
+	return &Controller{kubeClient: kubeClient, apiReader: apiReader, hub: h, machines: machines, policy: policy, refused: map[string]string{}}
 }
 
 // Name of the controller.
@@ -81,24 +88,24 @@ func (c *Controller) Name() string { return "csr.approval" }
 // what a decision depends on.
 func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
 	c.recorder = m.GetEventRecorderFor("karpenter-clusterapi") //nolint:staticcheck // the recorder core uses too
-	if err := m.GetFieldIndexer().IndexField(ctx, &certificatesv1.CertificateSigningRequest{}, indexNodeName, func(o client.Object) []string {
-		csr := o.(*certificatesv1.CertificateSigningRequest)
-		if !pending(csr) {
-			return nil
-		}
-		if r := ReadRequest(csr); r.NodeName != "" {
-			return []string{r.NodeName}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("indexing CertificateSigningRequests by node name: %w", err)
+	if err := IndexRequests(ctx, m.GetFieldIndexer()); err != nil {
+		return err
 	}
 	return controllerruntime.NewControllerManagedBy(m).
 		Named(c.Name()).
-		For(&certificatesv1.CertificateSigningRequest{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+		For(&certificatesv1.CertificateSigningRequest{}, builder.WithPredicates(decidedOrPending())).
+		// A request for a node wakes the other requests for it: one that
+		// competes, or leaves, changes their decision.
+		Watches(&certificatesv1.CertificateSigningRequest{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			csr, ok := o.(*certificatesv1.CertificateSigningRequest)
-			return ok && pending(csr)
-		}))).
+			if !ok || KindOf(csr.Spec.SignerName) != KindClient {
+				return nil
+			}
+			if r := ReadRequest(csr); r.NodeName != "" {
+				return c.requestsFor(ctx, r.canonicalNodeName())
+			}
+			return nil
+		})).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return c.requestsFor(ctx, o.GetName())
 		})).
@@ -108,6 +115,44 @@ func (c *Controller) Register(ctx context.Context, m manager.Manager) error {
 				return c.machineToRequests(ctx, o.(*clusterv1.Machine))
 			}))).
 		Complete(c)
+}
+
+// IndexRequests indexes the pending kubelet requests by the node they name,
+// in canonical form: what the controller finds competing requests by.
+func IndexRequests(ctx context.Context, indexer client.FieldIndexer) error {
+	if err := indexer.IndexField(ctx, &certificatesv1.CertificateSigningRequest{}, indexNodeName, func(o client.Object) []string {
+		csr := o.(*certificatesv1.CertificateSigningRequest)
+		if !pending(csr) {
+			return nil
+		}
+		if r := ReadRequest(csr); r.NodeName != "" {
+			return []string{r.canonicalNodeName()}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing CertificateSigningRequests by node name: %w", err)
+	}
+	return nil
+}
+
+// decidedOrPending passes the events of kubelet requests that are pending
+// or were until this event (someone approved or denied them: their
+// refusal is forgotten), and their deletion.
+func decidedOrPending() predicate.Predicate {
+	isPending := func(o client.Object) bool {
+		csr, ok := o.(*certificatesv1.CertificateSigningRequest)
+		return ok && pending(csr)
+	}
+	kubelet := func(o client.Object) bool {
+		csr, ok := o.(*certificatesv1.CertificateSigningRequest)
+		return ok && KindOf(csr.Spec.SignerName) != ""
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return isPending(e.Object) },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return isPending(e.ObjectOld) || isPending(e.ObjectNew) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return kubelet(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return isPending(e.Object) },
+	}
 }
 
 // pending: a request of a kubelet signer nobody decided on yet.
@@ -129,7 +174,7 @@ func (c *Controller) requestsFor(ctx context.Context, nodeName string) []reconci
 		return nil
 	}
 	list := &certificatesv1.CertificateSigningRequestList{}
-	if err := c.kubeClient.List(ctx, list, client.MatchingFields{indexNodeName: nodeName}); err != nil {
+	if err := c.kubeClient.List(ctx, list, client.MatchingFields{indexNodeName: canonicalName(nodeName)}); err != nil {
 		return nil
 	}
 	out := make([]reconcile.Request, 0, len(list.Items))
@@ -189,7 +234,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// On doubt, nothing: the request stays pending and is retried.
 		return reconcile.Result{}, fmt.Errorf("CertificateSigningRequest %s: %w", csr.Name, err)
 	}
-	d := Judge(r, facts)
+	d := Judge(c.policy, r, facts)
 	logger := log.FromContext(ctx).WithValues("CertificateSigningRequest", csr.Name, "signer", csr.Spec.SignerName, "node", r.NodeName)
 	switch d.Verdict {
 	case NotOurs:
@@ -209,7 +254,15 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		Reason: approvalReason, Message: d.Message, LastUpdateTime: metav1.Now(),
 	})
 	if err := c.kubeClient.SubResource("approval").Update(ctx, csr); err != nil {
-		return reconcile.Result{}, fmt.Errorf("approving CertificateSigningRequest %s: %w", csr.Name, err)
+		err = fmt.Errorf("approving CertificateSigningRequest %s: %w", csr.Name, err)
+		if d.Kind == KindClient {
+			// The record must not outlive a failed approval: the NodeClaim
+			// would refuse its kubelet's next request.
+			if rbErr := c.unrecordClientApproval(ctx, d.NodeClaim, csr.Name); rbErr != nil {
+				err = fmt.Errorf("%w; %w", err, rbErr)
+			}
+		}
+		return reconcile.Result{}, err
 	}
 	c.forget(csr.Name)
 	metrics.KubeletCSRDecisions.WithLabelValues(d.Kind, "approved", ReasonApproved).Inc()
@@ -228,18 +281,27 @@ func (c *Controller) recheck(csr *certificatesv1.CertificateSigningRequest) reco
 
 // recordClientApproval writes, before the approval, which client request
 // the NodeClaim gets: with the optimistic lock, two requests for one
-// NodeClaim cannot both pass (the second sees the first's name).
+// NodeClaim cannot both pass (the second sees the first's name). A failed
+// approval removes it again (unrecordClientApproval); a record whose
+// request is gone, denied or failed binds nothing (facts).
 func (c *Controller) recordClientApproval(ctx context.Context, claim, csrName string) error {
 	nc := &karpv1.NodeClaim{}
 	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: claim}, nc); err != nil {
 		return fmt.Errorf("reading NodeClaim %s: %w", claim, err)
 	}
-	switch nc.Annotations[v1alpha1.KubeletClientCSRAnnotation] {
+	switch recorded := nc.Annotations[v1alpha1.KubeletClientCSRAnnotation]; recorded {
 	case csrName:
 		return nil
 	case "":
 	default:
-		return fmt.Errorf("NodeClaim %s had another client certificate request approved meanwhile", claim)
+		// A record of a request that is gone, denied or failed is replaced.
+		state, err := c.recordState(ctx, recorded)
+		if err != nil {
+			return err
+		}
+		if state != RecordVoid {
+			return fmt.Errorf("NodeClaim %s had another client certificate request (%s) approved meanwhile", claim, recorded)
+		}
 	}
 	patch := client.MergeFromWithOptions(nc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if nc.Annotations == nil {
@@ -248,6 +310,24 @@ func (c *Controller) recordClientApproval(ctx context.Context, claim, csrName st
 	nc.Annotations[v1alpha1.KubeletClientCSRAnnotation] = csrName
 	if err := c.kubeClient.Patch(ctx, nc, patch); err != nil {
 		return fmt.Errorf("recording client certificate request %s on NodeClaim %s: %w", csrName, claim, err)
+	}
+	return nil
+}
+
+// unrecordClientApproval removes the record of csrName from the NodeClaim,
+// if it is still that request's.
+func (c *Controller) unrecordClientApproval(ctx context.Context, claim, csrName string) error {
+	nc := &karpv1.NodeClaim{}
+	if err := c.apiReader.Get(ctx, types.NamespacedName{Name: claim}, nc); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("reading NodeClaim %s: %w", claim, err))
+	}
+	if nc.Annotations[v1alpha1.KubeletClientCSRAnnotation] != csrName {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(nc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(nc.Annotations, v1alpha1.KubeletClientCSRAnnotation)
+	if err := c.kubeClient.Patch(ctx, nc, patch); err != nil {
+		return fmt.Errorf("removing the record of client certificate request %s from NodeClaim %s: %w", csrName, claim, err)
 	}
 	return nil
 }
@@ -303,54 +383,182 @@ func (c *Controller) facts(ctx context.Context, r Request) (Facts, error) {
 	}
 	switch KindOf(r.SignerName) {
 	case KindClient:
-		machines, err := c.machines.ByHostname(ctx, r.NodeName)
-		if err != nil {
-			return f, err
-		}
-		for _, m := range machines {
-			cand := Candidate{Machine: machineFacts(m), NodeClaimName: m.Annotations[v1alpha1.NodeClaimAnnotation]}
-			if claim := cand.NodeClaimName; claim != "" {
-				nc, err := c.nodeClaim(ctx, claim)
-				if err != nil {
-					return f, err
-				}
-				cand.NodeClaim = nc
-			}
-			f.Machines = append(f.Machines, cand)
-		}
+		return f, c.clientFacts(ctx, r, &f)
 	case KindServing:
-		if !f.NodeExists || node.Spec.ProviderID == "" {
-			return f, nil
-		}
-		list := &karpv1.NodeClaimList{}
-		if err := c.kubeClient.List(ctx, list, client.MatchingFields{nodeClaimProviderIDIndex: node.Spec.ProviderID}); err != nil {
-			return f, fmt.Errorf("looking up the NodeClaim of Node %s: %w", node.Name, err)
-		}
-		for i := range list.Items {
-			nc := &list.Items[i]
-			if !spoke.Ours(nc) {
-				continue
-			}
-			f.NodeClaim = nodeClaimFacts(nc)
-			key, ok := machineKey(nc)
-			var keyPtr *types.NamespacedName
-			if ok {
-				keyPtr = &key
-			}
-			m, err := c.machines.Find(ctx, nc.Name, keyPtr, node.Spec.ProviderID)
-			if err != nil {
-				return f, err
-			}
-			// Only a Machine of the provider's Cluster that runs this very
-			// instance vouches for its addresses.
-			if m != nil && c.machines.Owned(m) && m.Spec.ProviderID == node.Spec.ProviderID {
-				mf := machineFacts(m)
-				f.Machine = &mf
-			}
-			break
-		}
+		return f, c.servingFacts(ctx, node, &f)
 	}
 	return f, nil
+}
+
+// clientFacts: the Machines reporting the name with their bootstrap and
+// NodeClaim, the other pending requests for the name, and, with
+// SubjectAccessReview, what the workload cluster authorizes.
+func (c *Controller) clientFacts(ctx context.Context, r Request, f *Facts) error {
+	if !f.NodeExists && r.canonicalNodeName() != r.NodeName {
+		node := &corev1.Node{}
+		switch err := c.kubeClient.Get(ctx, types.NamespacedName{Name: r.canonicalNodeName()}, node); {
+		case err == nil:
+			f.NodeExists = true
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("reading Node %s: %w", r.canonicalNodeName(), err)
+		}
+	}
+	machines, err := c.machines.ByHostname(ctx, r.canonicalNodeName())
+	if err != nil {
+		return err
+	}
+	for _, m := range machines {
+		cand := Candidate{Machine: machineFacts(m), NodeClaimName: m.Annotations[v1alpha1.NodeClaimAnnotation]}
+		if err := c.bootstrapFacts(ctx, m, &cand.Machine); err != nil {
+			return err
+		}
+		if claim := cand.NodeClaimName; claim != "" {
+			nc, err := c.nodeClaim(ctx, claim)
+			if err != nil {
+				return err
+			}
+			if nc != nil && nc.ApprovedClientCSR != "" && nc.ApprovedClientCSR != r.Name {
+				if nc.ApprovedClientCSRState, err = c.recordState(ctx, nc.ApprovedClientCSR); err != nil {
+					return err
+				}
+			}
+			cand.NodeClaim = nc
+		}
+		f.Machines = append(f.Machines, cand)
+	}
+	if len(f.Machines) == 0 {
+		return nil // not ours: nothing more to learn
+	}
+	list := &certificatesv1.CertificateSigningRequestList{}
+	if err := c.kubeClient.List(ctx, list, client.MatchingFields{indexNodeName: r.canonicalNodeName()}); err != nil {
+		return fmt.Errorf("listing the requests for node %s: %w", r.NodeName, err)
+	}
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.Name != r.Name && pending(o) && KindOf(o.Spec.SignerName) == KindClient {
+			f.Others = append(f.Others, ReadRequest(o))
+		}
+	}
+	if c.policy.SubjectAccessReview {
+		f.Authorized = map[string]bool{}
+		for _, q := range append([]Request{r}, f.Others...) {
+			ok, err := c.authorizedNodeClient(ctx, q)
+			if err != nil {
+				return err
+			}
+			f.Authorized[q.Name] = ok
+		}
+	}
+	return nil
+}
+
+// bootstrapFacts reads the bootstrap token of a Machine's KubeadmConfig.
+// Other bootstrap configs, and data Secrets, give the approver nothing to
+// bind a request to.
+func (c *Controller) bootstrapFacts(ctx context.Context, m *clusterv1.Machine, out *Machine) error {
+	ref := m.Spec.Bootstrap.ConfigRef
+	if !ref.IsDefined() || ref.APIGroup != bootstrapv1.GroupVersion.Group || ref.Kind != "KubeadmConfig" {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}
+	cfg := &bootstrapv1.KubeadmConfig{}
+	// A live read: the token is read when a request needs it, and CABPK
+	// replaces a token that expired before the node joined.
+	if err := c.hub.GetAPIReader().Get(ctx, key, cfg); err != nil {
+		if apierrors.IsNotFound(err) {
+			out.BootstrapMissing = "KubeadmConfig " + key.String()
+			return nil
+		}
+		return fmt.Errorf("reading KubeadmConfig %s of Machine %s/%s: %w", key, m.Namespace, m.Name, err)
+	}
+	out.BootstrapTokenID = TokenID(cfg.Spec.JoinConfiguration.Discovery.BootstrapToken.Token)
+	return nil
+}
+
+// TokenID is the ID part of a bootstrap token "<id>.<secret>"; "" when the
+// token is not of that form.
+func TokenID(token string) string {
+	id, secret, ok := strings.Cut(token, ".")
+	if !ok || !tokenUser.MatchString(BootstrapTokenUserPrefix+id) || len(secret) != 16 {
+		return ""
+	}
+	return id
+}
+
+// recordState reads the state of the client request a NodeClaim records.
+func (c *Controller) recordState(ctx context.Context, name string) (RecordState, error) {
+	csr := &certificatesv1.CertificateSigningRequest{}
+	if err := c.kubeClient.Get(ctx, types.NamespacedName{Name: name}, csr); err != nil {
+		if apierrors.IsNotFound(err) {
+			return RecordVoid, nil
+		}
+		return "", fmt.Errorf("reading recorded CertificateSigningRequest %s: %w", name, err)
+	}
+	if pending(csr) {
+		return RecordPending, nil
+	}
+	for _, cond := range csr.Status.Conditions {
+		if cond.Type == certificatesv1.CertificateApproved && cond.Status == corev1.ConditionTrue {
+			return RecordApproved, nil
+		}
+	}
+	return RecordVoid, nil
+}
+
+// authorizedNodeClient asks the workload cluster whether the requester of a
+// request may create certificatesigningrequests/nodeclient: what
+// kube-controller-manager's approver asks of a new node client certificate.
+func (c *Controller) authorizedNodeClient(ctx context.Context, r Request) (bool, error) {
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, v := range r.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: r.Username, UID: r.UID, Groups: r.Groups, Extra: extra,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Group: certificatesv1.GroupName, Resource: "certificatesigningrequests", Subresource: "nodeclient", Verb: "create",
+		},
+	}}
+	if err := c.kubeClient.Create(ctx, sar); err != nil {
+		return false, fmt.Errorf("SubjectAccessReview for %q (CertificateSigningRequest %s): %w", r.Username, r.Name, err)
+	}
+	return sar.Status.Allowed, nil
+}
+
+// servingFacts: the NodeClaim of this provider whose providerID is the
+// Node's, and the Machine that runs that very instance.
+func (c *Controller) servingFacts(ctx context.Context, node *corev1.Node, f *Facts) error {
+	if !f.NodeExists || node.Spec.ProviderID == "" {
+		return nil
+	}
+	list := &karpv1.NodeClaimList{}
+	if err := c.kubeClient.List(ctx, list, client.MatchingFields{nodeClaimProviderIDIndex: node.Spec.ProviderID}); err != nil {
+		return fmt.Errorf("looking up the NodeClaim of Node %s: %w", node.Name, err)
+	}
+	for i := range list.Items {
+		nc := &list.Items[i]
+		if !spoke.Ours(nc) {
+			continue
+		}
+		f.NodeClaim = nodeClaimFacts(nc)
+		key, ok := machineKey(nc)
+		var keyPtr *types.NamespacedName
+		if ok {
+			keyPtr = &key
+		}
+		m, err := c.machines.Find(ctx, nc.Name, keyPtr, node.Spec.ProviderID)
+		if err != nil {
+			return err
+		}
+		// Only a Machine of the provider's Cluster that runs this very
+		// instance vouches for its addresses.
+		if m != nil && c.machines.Owned(m) && m.Spec.ProviderID == node.Spec.ProviderID {
+			mf := machineFacts(m)
+			f.Machine = &mf
+		}
+		return nil
+	}
+	return nil
 }
 
 // nodeClaim reads a NodeClaim from the cache; nil when it does not exist.
@@ -383,6 +591,7 @@ func machineFacts(m *clusterv1.Machine) Machine {
 		Key:       m.Namespace + "/" + m.Name,
 		Addresses: append(clusterv1.MachineAddresses(nil), m.Status.Addresses...),
 		Deleting:  marked || !m.DeletionTimestamp.IsZero(),
+		Created:   m.CreationTimestamp.Time,
 	}
 }
 

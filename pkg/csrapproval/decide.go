@@ -2,25 +2,36 @@
 // kubelets of this provider's nodes, and nothing else.
 //
 // Clusters whose kubelets join with a bootstrap identity that kubeadm's
-// RBAC does not approve (OpenShift-style bootstrappers, a node-bootstrapper
-// service account), and every cluster with serverTLSBootstrap, leave the
-// kubelets' requests pending until something approves them. The provider
-// knows each node before it joins: the Machine it launched, the addresses
-// Cluster API reports for it, its NodeClaim and whether that registered.
+// RBAC does not approve, and every cluster with serverTLSBootstrap, leave
+// the kubelets' requests pending until something approves them. The
+// provider knows each node before it joins: the Machine it launched, the
+// addresses Cluster API reports for it, the Machine's bootstrap config, its
+// NodeClaim and whether that registered.
 //
-// Judge is the whole decision, a pure function of the request and those
-// facts; the Controller gathers the facts and acts on the decision:
+// Judge is the whole decision, a pure function of the policy, the request
+// and those facts; the Controller gathers the facts and acts on the
+// decision. The trust model it implements (who may ask for what, and what
+// binds a request to its Machine) is the table of docs/concepts.md,
+// section "Kubelet certificate requests":
 //   - a client request (kubernetes.io/kube-apiserver-client-kubelet) for
-//     system:node:<name>, asked by a bootstrap identity, is approved when
-//     exactly one Machine of this provider reports <name> as its hostname
-//     or internal DNS name, and that Machine's NodeClaim is launched, not
-//     registered, has no Node, and had no other client request approved;
+//     system:node:<name> is approved when it is asked by a bootstrap
+//     identity the policy accepts; exactly one Machine of this provider
+//     reports <name> as its hostname or internal DNS name; when that
+//     Machine's bootstrap is a KubeadmConfig with a bootstrap token, it is
+//     asked by that very token's user; it is not older than the Machine;
+//     that Machine's NodeClaim is launched, not registered, has no Node and
+//     had no other client request approved; and no other pending request
+//     for the name passes the same checks (which of two is the kubelet's
+//     cannot be told: neither is approved);
 //   - a serving request (kubernetes.io/kubelet-serving) asked by
 //     system:node:<name> is approved when Node <name> belongs to a NodeClaim
-//     of this provider and each DNS name and IP it asks for is among the
-//     addresses of that NodeClaim's Machine;
+//     of this provider, <name> is its Machine's hostname or internal DNS
+//     name (and the NodeClaim's Node once registered), and each DNS name and
+//     IP it asks for is among that Machine's internal addresses (external
+//     ones too when the policy allows);
 //   - both only when the request is what the Kubernetes signers accept
-//     (subject, usages, key type, signature).
+//     (subject, usages, key type, signature), names compared in canonical
+//     form (lower case, no trailing dot).
 //
 // A request for a name that is not this provider's node is not ours:
 // another approver may own it, and it is left alone. A request for one of
@@ -32,6 +43,7 @@ package csrapproval
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -71,6 +83,19 @@ const (
 	ReasonAlreadyApproved      = "ClientAlreadyApproved"
 	ReasonAddressNotOnMachine  = "AddressNotOnMachine"
 	ReasonNotTheNodeClaimsNode = "NotTheNodeClaimsNode"
+	// ReasonNameNotOnMachine: a serving request for a node name that is not
+	// its Machine's hostname or internal DNS name.
+	ReasonNameNotOnMachine = "NodeNameNotOnMachine"
+	// ReasonNotTheMachinesToken: a client request for a Machine whose
+	// KubeadmConfig has a bootstrap token, asked by another identity.
+	ReasonNotTheMachinesToken = "NotTheMachinesBootstrapToken"
+	// ReasonBootstrapUnreadable: the Machine's bootstrap config is missing.
+	ReasonBootstrapUnreadable = "BootstrapConfigNotFound"
+	// ReasonOlderThanMachine: the request was made before its Machine existed.
+	ReasonOlderThanMachine = "RequestOlderThanMachine"
+	// ReasonCompeting: another pending request for the same node passes
+	// every check too; which one is the kubelet's cannot be told.
+	ReasonCompeting = "CompetingRequests"
 )
 
 // Kinds of request.
@@ -78,6 +103,23 @@ const (
 	KindClient  = "client"
 	KindServing = "serving"
 )
+
+// Policy is what the operator configured: who counts as a bootstrap
+// identity and which addresses a serving certificate may carry.
+type Policy struct {
+	// BootstrapServiceAccounts ("<namespace>/<name>") may ask for a node's
+	// first client certificate, besides bootstrap tokens.
+	BootstrapServiceAccounts []string
+	// SubjectAccessReview: a requester is a bootstrap identity when the
+	// workload cluster authorizes it to create
+	// certificatesigningrequests/nodeclient (Facts.Authorized), as
+	// kube-controller-manager's approver asks; bootstrap tokens and
+	// BootstrapServiceAccounts are then not accepted on their own.
+	SubjectAccessReview bool
+	// ServingExternalAddresses lets a serving certificate carry the
+	// Machine's ExternalIP and ExternalDNS addresses.
+	ServingExternalAddresses bool
+}
 
 // Decision is Judge's answer.
 type Decision struct {
@@ -99,7 +141,32 @@ type Machine struct {
 	Key       string
 	Addresses clusterv1.MachineAddresses
 	Deleting  bool
+	// Created is the Machine's creation: its instance, and so its kubelet,
+	// came later.
+	Created time.Time
+	// BootstrapTokenID is the ID of the bootstrap token in the Machine's
+	// KubeadmConfig (Cluster API's kubeadm bootstrap provider writes one per
+	// Machine): only system:bootstrap:<id> may ask for its node's client
+	// certificate. Empty when its bootstrap has no token the approver reads
+	// (a shared data Secret, file discovery, another bootstrap provider).
+	BootstrapTokenID string
+	// BootstrapMissing says which bootstrap config the Machine names and
+	// does not exist; nothing is approved for it then.
+	BootstrapMissing string
 }
+
+// RecordState is the state of the client request a NodeClaim records.
+type RecordState string
+
+const (
+	// RecordApproved: the recorded request was approved.
+	RecordApproved RecordState = "Approved"
+	// RecordPending: recorded, not approved yet (an approval under way).
+	RecordPending RecordState = "Pending"
+	// RecordVoid: the recorded request is gone, denied or failed: the
+	// record binds nothing.
+	RecordVoid RecordState = "Void"
+)
 
 // NodeClaim is what the approver knows of a NodeClaim.
 type NodeClaim struct {
@@ -113,8 +180,11 @@ type NodeClaim struct {
 	// NodeName is status.nodeName: the Node core registered for it, if any.
 	NodeName string
 	Deleting bool
-	// ApprovedClientCSR is the client request approved for it before, if any.
-	ApprovedClientCSR string
+	// ApprovedClientCSR is the client request recorded for it, if any, and
+	// ApprovedClientCSRState that request's state (for another request
+	// than the one judged).
+	ApprovedClientCSR      string
+	ApprovedClientCSRState RecordState
 }
 
 // Candidate is one of the provider's Machines, the NodeClaim it is bound to
@@ -130,8 +200,14 @@ type Candidate struct {
 // Facts are what the controller found about the name a request asks for.
 type Facts struct {
 	// Client: the provider's Machines (in its Cluster, Karpenter members)
-	// reporting the name as hostname or internal DNS name.
+	// reporting the name (in canonical form) as hostname or internal DNS name.
 	Machines []Candidate
+	// Others: the other pending client requests for the same name.
+	Others []Request
+	// Authorized: with Policy.SubjectAccessReview, whether the requester
+	// of each request (by name: the judged one and Others) may create
+	// certificatesigningrequests/nodeclient.
+	Authorized map[string]bool
 	// NodeExists: a Node of that name exists.
 	NodeExists bool
 	// Serving: the NodeClaim of this provider whose providerID is the Node's
@@ -152,8 +228,9 @@ func KindOf(signerName string) string {
 	return ""
 }
 
-// Judge decides on a request given the facts about the node it names.
-func Judge(r Request, f Facts) Decision {
+// Judge decides on a request given the policy and the facts about the node
+// it names.
+func Judge(p Policy, r Request, f Facts) Decision {
 	kind := KindOf(r.SignerName)
 	if kind == "" {
 		return Decision{Verdict: NotOurs}
@@ -165,12 +242,12 @@ func Judge(r Request, f Facts) Decision {
 		return refuse(kind, ReasonSubject, "CertificateSigningRequest %s: common name %q does not start with %q", r.Name, r.X509.Subject.CommonName, NodeUserPrefix)
 	}
 	if kind == KindClient {
-		return judgeClient(r, f)
+		return judgeClient(p, r, f)
 	}
-	return judgeServing(r, f)
+	return judgeServing(p, r, f)
 }
 
-func judgeClient(r Request, f Facts) Decision {
+func judgeClient(p Policy, r Request, f Facts) Decision {
 	if r.nodeIdentity() {
 		// A node renewing its own client certificate: kube-controller-
 		// manager's approver (or another) decides on renewals.
@@ -196,11 +273,8 @@ func judgeClient(r Request, f Facts) Decision {
 		}
 		return out
 	}
-	if !r.bootstrapIdentity() {
-		return d(ReasonIdentity, "requested by %q, not a bootstrap identity (system:bootstrap:<token id> in %s, or a %s service account)", r.Username, BootstrappersGroup, BootstrapServiceAccount)
-	}
-	if reason, err := checkFormat(r, false); err != nil {
-		return d(reason, "%v", err)
+	if reason, msg := clientEligible(p, r, f, c.Machine); reason != "" {
+		return d(reason, "%s", msg)
 	}
 	if c.Machine.Deleting {
 		return d(ReasonMachineDeleting, "the Machine is being deleted")
@@ -219,14 +293,105 @@ func judgeClient(r Request, f Facts) Decision {
 		return d(ReasonNotLaunched, "NodeClaim %s has no providerID yet", nc.Name)
 	case nc.Registered || f.NodeExists:
 		return d(ReasonAlreadyRegistered, "NodeClaim %s has a Node already: a joined kubelet renews as the node, not with a bootstrap identity", nc.Name)
-	case nc.ApprovedClientCSR != "" && nc.ApprovedClientCSR != r.Name:
-		return d(ReasonAlreadyApproved, "NodeClaim %s had client request %s approved already: one per NodeClaim", nc.Name, nc.ApprovedClientCSR)
 	}
-	return Decision{Verdict: Approve, Kind: KindClient, Reason: ReasonApproved, NodeClaim: nc.Name, Machine: c.Machine.Key,
-		Message: fmt.Sprintf("client certificate for node %s approved: Machine %s reports that name and NodeClaim %s has not registered", r.NodeName, c.Machine.Key, nc.Name)}
+	approved := Decision{Verdict: Approve, Kind: KindClient, Reason: ReasonApproved, NodeClaim: nc.Name, Machine: c.Machine.Key,
+		Message: fmt.Sprintf("client certificate for node %s approved: Machine %s reports that name, %s, and NodeClaim %s has not registered", r.NodeName, c.Machine.Key, binding(c.Machine), nc.Name)}
+	if nc.ApprovedClientCSR == r.Name {
+		// Chosen already (the record is written before the approval):
+		// finish what was decided.
+		return approved
+	}
+	if nc.ApprovedClientCSR != "" && nc.ApprovedClientCSRState != RecordVoid {
+		return d(ReasonAlreadyApproved, "NodeClaim %s had client request %s approved already (%s): one per NodeClaim", nc.Name, nc.ApprovedClientCSR, nc.ApprovedClientCSRState)
+	}
+	if rivals := competing(p, r, f, c.Machine); len(rivals) > 0 {
+		return d(ReasonCompeting, "pending requests %v for the same node pass every check too; which one is the kubelet's cannot be told, so none is approved (delete or deny the foreign ones)", rivals)
+	}
+	return approved
 }
 
-func judgeServing(r Request, f Facts) Decision {
+// clientEligible checks what a client request must be on its own for the
+// Machine: its name in canonical form, a bootstrap identity, the format the
+// signer accepts, the Machine's own token where it has one, and made after
+// the Machine. It returns the failed check's reason and message.
+func clientEligible(p Policy, r Request, f Facts, m Machine) (string, string) {
+	if r.NodeName != r.canonicalNodeName() {
+		return ReasonSubject, fmt.Sprintf("node name %q is not in canonical form (%q)", r.NodeName, r.canonicalNodeName())
+	}
+	if ok, why := p.bootstrapIdentity(r, f); !ok {
+		return ReasonIdentity, fmt.Sprintf("requested by %q: %s", r.Username, why)
+	}
+	if reason, err := checkFormat(r, false); err != nil {
+		return reason, err.Error()
+	}
+	if m.BootstrapMissing != "" {
+		return ReasonBootstrapUnreadable, fmt.Sprintf("its bootstrap config %s does not exist: what the kubelet joins with is unknown", m.BootstrapMissing)
+	}
+	if m.BootstrapTokenID != "" && r.Username != BootstrapTokenUserPrefix+m.BootstrapTokenID {
+		return ReasonNotTheMachinesToken, fmt.Sprintf("requested by %q, not by the Machine's own bootstrap token %s%s", r.Username, BootstrapTokenUserPrefix, m.BootstrapTokenID)
+	}
+	if r.Created.IsZero() || r.Created.Before(m.Created) {
+		return ReasonOlderThanMachine, fmt.Sprintf("the request (%s) is older than the Machine (%s): no kubelet of it could have made it", stamp(r.Created), stamp(m.Created))
+	}
+	return "", ""
+}
+
+// competing returns the other pending requests for the node that pass
+// clientEligible too.
+func competing(p Policy, r Request, f Facts, m Machine) []string {
+	var out []string
+	for _, o := range f.Others {
+		if o.Name == r.Name || KindOf(o.SignerName) != KindClient || o.ParseErr != nil || o.canonicalNodeName() != r.canonicalNodeName() {
+			continue
+		}
+		if reason, _ := clientEligible(p, o, f, m); reason == "" {
+			out = append(out, o.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// bootstrapIdentity checks the requester of a client request against the
+// policy, saying why not.
+func (p Policy) bootstrapIdentity(r Request, f Facts) (bool, string) {
+	if p.SubjectAccessReview {
+		if f.Authorized[r.Name] {
+			return true, ""
+		}
+		return false, "the workload cluster does not authorize it to create certificatesigningrequests/nodeclient (SubjectAccessReview)"
+	}
+	if r.bootstrapTokenUser() {
+		return true, ""
+	}
+	for _, sa := range p.BootstrapServiceAccounts {
+		if r.serviceAccount(sa) {
+			return true, ""
+		}
+	}
+	accepted := fmt.Sprintf("a bootstrap token (%s<token id> in %s)", BootstrapTokenUserPrefix, BootstrappersGroup)
+	if len(p.BootstrapServiceAccounts) > 0 {
+		accepted += fmt.Sprintf(" or one of the service accounts %v", p.BootstrapServiceAccounts)
+	}
+	return false, "not " + accepted
+}
+
+// binding says what ties an approved client request to the Machine.
+func binding(m Machine) string {
+	if m.BootstrapTokenID != "" {
+		return "it was asked by the Machine's own bootstrap token"
+	}
+	return "it was made after the Machine and no other request competes"
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "unknown"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func judgeServing(p Policy, r Request, f Facts) Decision {
 	nc := f.NodeClaim
 	if nc == nil || !nc.Ours {
 		return Decision{Verdict: NotOurs, Kind: KindServing}
@@ -242,6 +407,9 @@ func judgeServing(r Request, f Facts) Decision {
 	if !r.nodeIdentity() {
 		return d(ReasonIdentity, "requested by %q, not by %s%s in %s", r.Username, NodeUserPrefix, r.NodeName, NodesGroup)
 	}
+	if r.NodeName != r.canonicalNodeName() {
+		return d(ReasonSubject, "node name %q is not in canonical form (%q)", r.NodeName, r.canonicalNodeName())
+	}
 	if reason, err := checkFormat(r, true); err != nil {
 		return d(reason, "%v", err)
 	}
@@ -251,17 +419,55 @@ func judgeServing(r Request, f Facts) Decision {
 	if f.Machine == nil {
 		return d(ReasonMachineNotFound, "its Machine is not found")
 	}
-	known := map[string]bool{}
-	for _, a := range f.Machine.Addresses {
-		known[canonicalAddress(a.Address)] = true
+	// The Node's providerID is the kubelet's own word: the name must be the
+	// Machine's too, or any node could claim another's instance.
+	if !slices.Contains(machineNames(*f.Machine), r.NodeName) {
+		return d(ReasonNameNotOnMachine, "%q is not a Hostname or InternalDNS address of Machine %s (%v)", r.NodeName, f.Machine.Key, machineNames(*f.Machine))
 	}
+	allowed, external := servingAddresses(p, *f.Machine)
 	for _, san := range r.sans() {
-		if !known[san] {
-			return d(ReasonAddressNotOnMachine, "%q is not among the addresses of Machine %s", san, f.Machine.Key)
+		if allowed[san] {
+			continue
 		}
+		if external[san] {
+			return d(ReasonAddressNotOnMachine, "%q is an external address of Machine %s: external addresses are not allowed (--kubelet-csr-serving-external-addresses)", san, f.Machine.Key)
+		}
+		return d(ReasonAddressNotOnMachine, "%q is not among the addresses of Machine %s", san, f.Machine.Key)
 	}
 	return Decision{Verdict: Approve, Kind: KindServing, Reason: ReasonApproved, NodeClaim: nc.Name, Machine: f.Machine.Key,
-		Message: fmt.Sprintf("serving certificate for node %s approved: each name and address it asks for is Machine %s's", r.NodeName, f.Machine.Key)}
+		Message: fmt.Sprintf("serving certificate for node %s approved: the node name and each name and address it asks for are Machine %s's", r.NodeName, f.Machine.Key)}
+}
+
+// machineNames are a Machine's Hostname and InternalDNS addresses, canonical.
+func machineNames(m Machine) []string {
+	var out []string
+	for _, a := range m.Addresses {
+		if a.Type == clusterv1.MachineHostName || a.Type == clusterv1.MachineInternalDNS {
+			out = append(out, canonicalName(a.Address))
+		}
+	}
+	return out
+}
+
+// servingAddresses are the addresses a serving certificate may carry (the
+// internal ones, and the external ones when the policy allows), and the
+// external ones it may not.
+func servingAddresses(p Policy, m Machine) (allowed, external map[string]bool) {
+	allowed, external = map[string]bool{}, map[string]bool{}
+	for _, a := range m.Addresses {
+		addr := canonicalAddress(a.Address)
+		switch a.Type {
+		case clusterv1.MachineHostName, clusterv1.MachineInternalDNS, clusterv1.MachineInternalIP:
+			allowed[addr] = true
+		case clusterv1.MachineExternalDNS, clusterv1.MachineExternalIP:
+			if p.ServingExternalAddresses {
+				allowed[addr] = true
+			} else {
+				external[addr] = true
+			}
+		}
+	}
+	return allowed, external
 }
 
 // checkFormat checks what the Kubernetes signer checks: subject and SANs,

@@ -12,7 +12,9 @@ import (
 	"encoding/pem"
 	"net"
 	"net/url"
+	"slices"
 	"testing"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +30,10 @@ const (
 )
 
 var (
+	// machineCreated is when the test's Machine was created; its kubelet's
+	// requests come later (requested).
+	machineCreated     = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+	requested          = machineCreated.Add(90 * time.Second)
 	clientUsagesECDSA  = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
 	servingUsagesECDSA = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
 	p256               = mustKey(ecdsa.GenerateKey(elliptic.P256(), rand.Reader))
@@ -59,7 +65,7 @@ func subject(name string) pkix.Name {
 func clientCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningRequest, *x509.CertificateRequest) crypto.Signer) *certificatesv1.CertificateSigningRequest {
 	t.Helper()
 	csr := &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{Name: csrName},
+		ObjectMeta: metav1.ObjectMeta{Name: csrName, CreationTimestamp: metav1.NewTime(requested)},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName,
 			Username:   bootUser,
@@ -83,7 +89,7 @@ func clientCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningReque
 func servingCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningRequest, *x509.CertificateRequest) crypto.Signer) *certificatesv1.CertificateSigningRequest {
 	t.Helper()
 	csr := &certificatesv1.CertificateSigningRequest{
-		ObjectMeta: metav1.ObjectMeta{Name: csrName},
+		ObjectMeta: metav1.ObjectMeta{Name: csrName, CreationTimestamp: metav1.NewTime(requested)},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			SignerName: certificatesv1.KubeletServingSignerName,
 			Username:   NodeUserPrefix + node,
@@ -103,7 +109,7 @@ func servingCSR(t *testing.T, mutate func(*certificatesv1.CertificateSigningRequ
 }
 
 func machine() Machine {
-	return Machine{Key: "default/c1-general-x7k2p", Addresses: clusterv1.MachineAddresses{
+	return Machine{Key: "default/c1-general-x7k2p", Created: machineCreated, Addresses: clusterv1.MachineAddresses{
 		{Type: clusterv1.MachineInternalIP, Address: nodeIP},
 		{Type: clusterv1.MachineInternalDNS, Address: node},
 	}}
@@ -153,10 +159,10 @@ func TestJudge(t *testing.T) {
 			_, k, _ := ed25519.GenerateKey(rand.Reader)
 			return k
 		}), facts: clientFacts(nil), want: Approve, reason: ReasonApproved},
-		{name: "client: a node-bootstrapper service account", csr: clientCSR(t, func(c *certificatesv1.CertificateSigningRequest, _ *x509.CertificateRequest) crypto.Signer {
+		{name: "client: a node-bootstrapper service account nobody configured", csr: clientCSR(t, func(c *certificatesv1.CertificateSigningRequest, _ *x509.CertificateRequest) crypto.Signer {
 			c.Spec.Username, c.Spec.Groups = "system:serviceaccount:openshift-machine-config-operator:node-bootstrapper", []string{"system:serviceaccounts"}
 			return nil
-		}), facts: clientFacts(nil), want: Approve, reason: ReasonApproved},
+		}), facts: clientFacts(nil), want: Refuse, reason: ReasonIdentity},
 		{name: "client: the same request again after approval recorded", csr: clientCSR(t, nil), facts: clientFacts(func(f *Facts) {
 			f.Machines[0].NodeClaim.ApprovedClientCSR = csrName
 		}), want: Approve, reason: ReasonApproved},
@@ -302,7 +308,7 @@ func TestJudge(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Judge(ReadRequest(tc.csr), tc.facts)
+			got := Judge(Policy{}, ReadRequest(tc.csr), tc.facts)
 			if got.Verdict != tc.want || got.Reason != tc.reason {
 				t.Fatalf("Judge = %s/%s (%s), want %s/%s", got.Verdict, got.Reason, got.Message, tc.want, tc.reason)
 			}
@@ -333,24 +339,96 @@ func withRequest(csr *certificatesv1.CertificateSigningRequest, req []byte) *cer
 	return csr
 }
 
-// FuzzReadAndJudge: whatever the request holds, reading and judging it
-// never panics, and nothing unparsable is approved.
+// FuzzReadAndJudge: whatever the request holds and whatever the facts
+// are, reading and judging never panics, and an approval always keeps the
+// trust model: a parsed request, a client request not older than its
+// Machine and asked by the Machine's token when it has one, no other
+// eligible request competing; a serving request for one of the Machine's
+// names carrying only its internal addresses.
 func FuzzReadAndJudge(f *testing.F) {
-	f.Add([]byte("-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"), "system:bootstrap:x", true)
-	f.Add([]byte{}, "", false)
-	f.Fuzz(func(t *testing.T, req []byte, user string, serving bool) {
-		csr := &certificatesv1.CertificateSigningRequest{Spec: certificatesv1.CertificateSigningRequestSpec{
-			SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName, Request: req, Username: user,
-			Groups: []string{BootstrappersGroup, NodesGroup}, Usages: clientUsagesECDSA,
-		}}
-		facts := clientFacts(nil)
+	f.Add([]byte("-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"), "system:bootstrap:x", true, "", int64(0), "", uint8(0))
+	f.Add([]byte{}, "", false, "abcdef", int64(-5), node, uint8(3))
+	f.Add(validPEM(f, false), bootUser, false, "abcdef", int64(90), node, uint8(0))
+	f.Add(validPEM(f, false), bootUser, false, "", int64(90), node, uint8(8))
+	f.Add(validPEM(f, true), NodeUserPrefix+node, true, "", int64(90), "IP-10-0-1-7.ec2.internal.", uint8(5))
+	f.Fuzz(func(t *testing.T, req []byte, user string, serving bool, tokenID string, age int64, address string, flags uint8) {
+		csr := &certificatesv1.CertificateSigningRequest{
+			ObjectMeta: metav1.ObjectMeta{Name: csrName, CreationTimestamp: metav1.NewTime(machineCreated.Add(time.Duration(age) * time.Second))},
+			Spec: certificatesv1.CertificateSigningRequestSpec{
+				SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName, Request: req, Username: user,
+				Groups: []string{BootstrappersGroup, NodesGroup}, Usages: clientUsagesECDSA,
+			}}
+		types := []clusterv1.MachineAddressType{clusterv1.MachineHostName, clusterv1.MachineInternalDNS, clusterv1.MachineExternalDNS, clusterv1.MachineInternalIP, clusterv1.MachineExternalIP}
+		m := machine()
+		m.BootstrapTokenID = tokenID
+		if address != "" {
+			m.Addresses = append(m.Addresses, clusterv1.MachineAddress{Type: types[int(flags)%len(types)], Address: address})
+		}
+		facts := clientFacts(func(f *Facts) {
+			f.Machines[0].Machine = m
+			f.Machines[0].NodeClaim.Registered = flags&0x10 != 0
+			if flags&0x20 != 0 {
+				f.Others = []Request{ReadRequest(clientCSR(t, func(c *certificatesv1.CertificateSigningRequest, _ *x509.CertificateRequest) crypto.Signer {
+					c.Name, c.Spec.Username = "csr-other", user
+					return nil
+				}))}
+			}
+		})
 		if serving {
 			csr.Spec.SignerName, csr.Spec.Usages = certificatesv1.KubeletServingSignerName, servingUsagesECDSA
-			facts = servingFacts(nil)
+			facts = servingFacts(func(f *Facts) {
+				f.Machine = &m
+				f.NodeClaim.Registered = flags&0x10 != 0
+				if flags&0x40 != 0 {
+					f.NodeClaim.NodeName = address
+				}
+			})
 		}
+		policy := Policy{ServingExternalAddresses: flags&0x80 != 0}
 		r := ReadRequest(csr)
-		if d := Judge(r, facts); d.Verdict == Approve && r.X509 == nil {
+		d := Judge(policy, r, facts)
+		if d.Verdict != Approve {
+			return
+		}
+		if r.X509 == nil {
 			t.Fatalf("approved a request that does not parse: %v", r.ParseErr)
 		}
+		if !serving {
+			if r.Created.Before(m.Created) {
+				t.Fatalf("approved a client request older than its Machine: %s", d.Message)
+			}
+			if m.BootstrapTokenID != "" && r.Username != BootstrapTokenUserPrefix+m.BootstrapTokenID {
+				t.Fatalf("approved %q for a Machine whose token is %s: %s", r.Username, m.BootstrapTokenID, d.Message)
+			}
+			if len(facts.Others) > 0 && facts.Others[0].X509 != nil {
+				if reason, _ := clientEligible(policy, facts.Others[0], facts, m); reason == "" {
+					t.Fatalf("approved with an eligible competitor pending: %s", d.Message)
+				}
+			}
+			return
+		}
+		if !slices.Contains(machineNames(m), r.NodeName) {
+			t.Fatalf("approved a serving certificate for %q, not a name of the Machine (%v)", r.NodeName, m.Addresses)
+		}
+		allowed, _ := servingAddresses(policy, m)
+		for _, san := range r.sans() {
+			if !allowed[san] {
+				t.Fatalf("approved SAN %q, not an allowed address of the Machine", san)
+			}
+		}
 	})
+}
+
+// validPEM is a well-formed kubelet request for the test's node: client, or
+// serving with its name and IP.
+func validPEM(f *testing.F, serving bool) []byte {
+	tmpl := &x509.CertificateRequest{Subject: subject(node)}
+	if serving {
+		tmpl.DNSNames, tmpl.IPAddresses = []string{node}, []net.IP{net.ParseIP(nodeIP)}
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, p256)
+	if err != nil {
+		f.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
 }

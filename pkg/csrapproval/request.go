@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 )
@@ -24,11 +26,18 @@ const (
 	NodesGroup = "system:nodes"
 	// BootstrappersGroup holds the bootstrap-token users (system:bootstrap:<id>).
 	BootstrappersGroup = "system:bootstrappers"
-	// BootstrapServiceAccount is the name of the service account bootstrappers
-	// that do not use bootstrap tokens run kubelets' first request as (an
-	// OpenShift-style node-bootstrapper), in any namespace.
-	BootstrapServiceAccount = "node-bootstrapper"
+	// BootstrapTokenUserPrefix starts the user name of a bootstrap token.
+	BootstrapTokenUserPrefix = "system:bootstrap:"
+	// ServiceAccountUserPrefix starts the user name of a service account
+	// (system:serviceaccount:<namespace>:<name>).
+	ServiceAccountUserPrefix = "system:serviceaccount:"
+	// ServiceAccountsGroup holds every service account.
+	ServiceAccountsGroup = "system:serviceaccounts"
 )
+
+// tokenUser is a bootstrap token's user name: the token ID is six
+// lower-case letters or digits (k8s.io/cluster-bootstrap's token format).
+var tokenUser = regexp.MustCompile(`^system:bootstrap:[a-z0-9]{6}$`)
 
 // usage sets the kubelet signers accept (k8s.io/kubernetes
 // pkg/apis/certificates: ValidateKubeletClientCSR, ValidateKubeletServingCSR):
@@ -50,16 +59,25 @@ type Request struct {
 	// Name of the CertificateSigningRequest.
 	Name       string
 	SignerName string
-	// Username and Groups are the requester's, as the API server recorded them.
+	// Username, UID, Groups and Extra are the requester's, as the API
+	// server recorded them.
 	Username string
+	UID      string
 	Groups   []string
+	Extra    map[string]certificatesv1.ExtraValue
 	Usages   []certificatesv1.KeyUsage
+	// Created is when the API server received the request.
+	Created time.Time
 	// X509 is the parsed request; nil when spec.request is not one (ParseErr says why).
 	X509     *x509.CertificateRequest
 	ParseErr error
 	// NodeName is the CN without "system:node:"; empty when the CN has no such prefix.
 	NodeName string
 }
+
+// canonicalNodeName is the request's node name in canonical form: what the
+// controller looks Machines up by.
+func (r *Request) canonicalNodeName() string { return canonicalName(r.NodeName) }
 
 // ReadRequest reads a CertificateSigningRequest. It never fails: a request
 // that does not parse is recorded in ParseErr, for Judge to refuse.
@@ -68,8 +86,11 @@ func ReadRequest(csr *certificatesv1.CertificateSigningRequest) Request {
 		Name:       csr.Name,
 		SignerName: csr.Spec.SignerName,
 		Username:   csr.Spec.Username,
+		UID:        csr.Spec.UID,
 		Groups:     csr.Spec.Groups,
+		Extra:      csr.Spec.Extra,
 		Usages:     csr.Spec.Usages,
+		Created:    csr.CreationTimestamp.Time,
 	}
 	r.X509, r.ParseErr = parsePEM(csr.Spec.Request)
 	if r.X509 != nil {
@@ -100,16 +121,17 @@ func parsePEM(data []byte) (*x509.CertificateRequest, error) {
 	return req, nil
 }
 
-// bootstrapIdentity reports whether the requester is one that kubelets use
-// for their first client certificate: a bootstrap token
-// (system:bootstrap:<id> in system:bootstrappers) or a service account
-// named node-bootstrapper.
-func (r *Request) bootstrapIdentity() bool {
-	if strings.HasPrefix(r.Username, "system:bootstrap:") && slices.Contains(r.Groups, BootstrappersGroup) {
-		return true
-	}
-	parts := strings.Split(r.Username, ":")
-	return len(parts) == 4 && parts[0] == "system" && parts[1] == "serviceaccount" && parts[2] != "" && parts[3] == BootstrapServiceAccount
+// bootstrapTokenUser reports whether the requester is a bootstrap token:
+// system:bootstrap:<token id> in group system:bootstrappers.
+func (r *Request) bootstrapTokenUser() bool {
+	return tokenUser.MatchString(r.Username) && slices.Contains(r.Groups, BootstrappersGroup)
+}
+
+// serviceAccount reports whether the requester is the service account
+// "<namespace>/<name>".
+func (r *Request) serviceAccount(namespacedName string) bool {
+	ns, name, ok := strings.Cut(namespacedName, "/")
+	return ok && ns != "" && name != "" && r.Username == ServiceAccountUserPrefix+ns+":"+name && slices.Contains(r.Groups, ServiceAccountsGroup)
 }
 
 // nodeIdentity reports whether the requester is the node NodeName itself.
@@ -177,20 +199,33 @@ func (r *Request) checkKey() error {
 	return nil
 }
 
-// sans returns the request's DNS names and IP addresses as text, IPs in
-// their canonical form.
+// sans returns the request's DNS names and IP addresses in canonical form.
 func (r *Request) sans() []string {
-	out := append([]string(nil), r.X509.DNSNames...)
+	out := make([]string, 0, len(r.X509.DNSNames)+len(r.X509.IPAddresses))
+	for _, n := range r.X509.DNSNames {
+		out = append(out, canonicalName(n))
+	}
 	for _, ip := range r.X509.IPAddresses {
 		out = append(out, ip.String())
 	}
 	return out
 }
 
-// canonicalAddress writes an address as sans does: IPs canonical, names as given.
+// canonicalAddress writes an address as sans does: IPs canonical, names in
+// canonicalName's form.
 func canonicalAddress(a string) string {
 	if ip := net.ParseIP(a); ip != nil {
 		return ip.String()
 	}
-	return a
+	return canonicalName(a)
 }
+
+// canonicalName writes a DNS name as it compares: lower case, without a
+// trailing dot (DNS names are case-insensitive, and "a.b." is "a.b").
+func canonicalName(n string) string {
+	return strings.TrimSuffix(strings.ToLower(n), ".")
+}
+
+// CanonicalNodeName is canonicalName for the node name a request asks for:
+// the key the controller indexes requests and Machines by.
+func CanonicalNodeName(n string) string { return canonicalName(n) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -30,8 +31,9 @@ const (
 	// their bootstrap config template as "<apiGroup>/<kind>/<name>".
 	IndexMachineDeploymentBootstrapTemplate = "spec.template.spec.bootstrap.configRef"
 	// IndexMachineHostname indexes Machines by the names their
-	// status.addresses give as Hostname or InternalDNS: the name a joining
-	// kubelet asks a certificate for.
+	// status.addresses give as Hostname or InternalDNS, in canonical form
+	// (lower case, no trailing dot): the name a joining kubelet asks a
+	// certificate for.
 	IndexMachineHostname = "status.addresses.hostname"
 )
 
@@ -72,8 +74,10 @@ func Indexes() []Index {
 		{&clusterv1.Machine{}, IndexMachineHostname, func(o client.Object) []string {
 			var out []string
 			for _, a := range o.(*clusterv1.Machine).Status.Addresses {
-				if (a.Type == clusterv1.MachineHostName || a.Type == clusterv1.MachineInternalDNS) && a.Address != "" && !slices.Contains(out, a.Address) {
-					out = append(out, a.Address)
+				// DNS names compare in canonical form: lower case, no trailing dot.
+				name := strings.TrimSuffix(strings.ToLower(a.Address), ".")
+				if (a.Type == clusterv1.MachineHostName || a.Type == clusterv1.MachineInternalDNS) && name != "" && !slices.Contains(out, name) {
+					out = append(out, name)
 				}
 			}
 			return out

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -101,11 +102,12 @@ func (l *Lookup) Find(ctx context.Context, claim string, machine *types.Namespac
 }
 
 // ByHostname returns the provider's Machines (Owned) whose status.addresses
-// give name as Hostname or InternalDNS. They are the informer's: do not
-// modify them.
+// give name as Hostname or InternalDNS, compared in canonical form (lower
+// case, no trailing dot). They are the informer's: do not modify them.
 func (l *Lookup) ByHostname(ctx context.Context, name string) ([]*clusterv1.Machine, error) {
 	list := &clusterv1.MachineList{}
-	if err := l.hub.GetCache().List(ctx, list, client.MatchingFields{IndexMachineHostname: name}); err != nil {
+	key := strings.TrimSuffix(strings.ToLower(name), ".")
+	if err := l.hub.GetCache().List(ctx, list, client.MatchingFields{IndexMachineHostname: key}); err != nil {
 		return nil, fmt.Errorf("looking up the Machines named %s: %w", name, err)
 	}
 	var out []*clusterv1.Machine

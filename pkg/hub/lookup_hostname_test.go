@@ -50,3 +50,21 @@ func TestByHostnameOnlyInScope(t *testing.T) {
 		t.Fatalf("ByHostname(%s) = %v, want [ours]", name, names)
 	}
 }
+
+// Names compare in canonical form: a Machine reporting its name in upper
+// case or with a trailing dot is found by the name in lower case, and the
+// other way round.
+func TestByHostnameCanonical(t *testing.T) {
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ours", Labels: map[string]string{clusterv1.ClusterNameLabel: "c1", v1alpha1.KarpenterMemberLabel: ""}},
+		Spec:       clusterv1.MachineSpec{ClusterName: "c1"},
+		Status:     clusterv1.MachineStatus{Addresses: clusterv1.MachineAddresses{{Type: clusterv1.MachineInternalDNS, Address: "IP-10-0-1-7.EC2.Internal."}}},
+	}
+	h := hubtest.New(hub.Scope{Namespace: "default", ClusterName: "c1"}, interceptor.Funcs{}, m)
+	for _, name := range []string{"ip-10-0-1-7.ec2.internal", "IP-10-0-1-7.ec2.internal.", "ip-10-0-1-7.EC2.INTERNAL"} {
+		got, err := hub.NewLookup(h.Hub, nil).ByHostname(context.Background(), name)
+		if err != nil || len(got) != 1 {
+			t.Errorf("ByHostname(%s) = %d Machines (%v), want Machine ours", name, len(got), err)
+		}
+	}
+}

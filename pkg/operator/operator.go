@@ -193,7 +193,11 @@ func (o *Operator) Run(ctx context.Context) {
 	own := controllers.NewControllers(o.GetClient(), o.GetAPIReader(), o.Hub, store, mdProvider, mProvider, machines, zones, nodeRepair)
 	if opts := options.FromContext(ctx); opts != nil && opts.ApproveKubeletCSRs {
 		log.FromContext(ctx).Info("approving the kubelet certificate requests of this provider's nodes")
-		own = append(own, csrapproval.NewController(o.GetClient(), o.Hub, machines))
+		own = append(own, csrapproval.NewController(o.GetClient(), o.GetAPIReader(), o.Hub, machines, csrapproval.Policy{
+			BootstrapServiceAccounts: opts.KubeletCSRBootstrapServiceAccounts,
+			SubjectAccessReview:      opts.KubeletCSRBootstrapAuthorization == options.KubeletCSRAuthorizationSAR,
+			ServingExternalAddresses: opts.KubeletCSRServingExternalAddresses,
+		}))
 	}
 	o.WithControllers(ctx, coreControllers...).
 		WithControllers(ctx, own...).

@@ -43,7 +43,23 @@ var helmCases = []helmCase{{
 	check: func(t *testing.T, objs []*unstructured.Unstructured) {
 		checkRules(t, objs, "ClusterRole", "-csr-approver", generatedRules(t, "config/rbac/csr-approver/role.yaml"))
 		checkBound(t, objs, "-csr-approver", "karpenter")
-		checkEnv(t, objs, map[string]string{"APPROVE_KUBELET_CSRS": "true"})
+		checkEnv(t, objs, map[string]string{"APPROVE_KUBELET_CSRS": "true", "KUBELET_CSR_BOOTSTRAP_AUTHORIZATION": "identities"})
+		for _, o := range objs {
+			if strings.HasSuffix(o.GetName(), "-csr-approver-sar") {
+				t.Errorf("%s %s rendered without kubeletCSRBootstrapAuthorization=subjectaccessreview", o.GetKind(), o.GetName())
+			}
+		}
+	},
+}, {
+	name:      "workload cluster, approves kubelet CSRs by SubjectAccessReview",
+	namespace: "karpenter",
+	set: []string{"approveKubeletCSRs=true", "kubeletCSRBootstrapAuthorization=subjectaccessreview",
+		"kubeletCSRBootstrapServiceAccounts={machine-config/node-bootstrapper,ops/joiner}", "kubeletCSRServingExternalAddresses=true"},
+	check: func(t *testing.T, objs []*unstructured.Unstructured) {
+		checkRules(t, objs, "ClusterRole", "-csr-approver-sar", generatedRules(t, "config/rbac/csr-approver-sar/role.yaml"))
+		checkBound(t, objs, "-csr-approver-sar", "karpenter")
+		checkEnv(t, objs, map[string]string{"KUBELET_CSR_BOOTSTRAP_AUTHORIZATION": "subjectaccessreview",
+			"KUBELET_CSR_BOOTSTRAP_SERVICE_ACCOUNTS": "machine-config/node-bootstrapper,ops/joiner", "KUBELET_CSR_SERVING_EXTERNAL_ADDRESSES": "true"})
 	},
 }, {
 	name:      "workload cluster, installs CRDs, feature gates, own ports",

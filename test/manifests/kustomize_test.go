@@ -1,6 +1,7 @@
 package manifests
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -147,11 +148,26 @@ func checkCRDs(t *testing.T, objs []*unstructured.Unstructured) {
 	}
 }
 
+func sarComponent(sar bool, rel func(...string) string) string {
+	if !sar {
+		return ""
+	}
+	return "- " + rel("config", "components", "kubelet-csr-subjectaccessreview") + "\n"
+}
+
 // TestKustomizeApproveKubeletCSRs renders the workload-cluster overlay with
 // the approve-kubelet-csrs component, as docs/install.md says to add it:
 // the flag's variable is set, the approval rules are exactly the generated
 // ones, bound to the provider's ServiceAccount in the overlay's namespace.
 func TestKustomizeApproveKubeletCSRs(t *testing.T) {
+	for _, sar := range []bool{false, true} {
+		t.Run(fmt.Sprintf("subjectaccessreview=%v", sar), func(t *testing.T) { kustomizeApproveKubeletCSRs(t, sar) })
+	}
+}
+
+// kustomizeApproveKubeletCSRs: with sar, the kubelet-csr-subjectaccessreview
+// component too.
+func kustomizeApproveKubeletCSRs(t *testing.T, sar bool) {
 	root := environment.RepoRoot()
 	dir := t.TempDir()
 	// kustomize takes a kustomization's resources by relative path only.
@@ -164,7 +180,7 @@ func TestKustomizeApproveKubeletCSRs(t *testing.T) {
 	}
 	kustomization := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
 		"resources:\n- " + rel("config", "overlays", "workload-cluster") + "\n" +
-		"components:\n- " + rel("config", "components", "approve-kubelet-csrs") + "\n" +
+		"components:\n- " + rel("config", "components", "approve-kubelet-csrs") + "\n" + sarComponent(sar, rel) +
 		// The overlay's own namespace transformer, which runs after its
 		// components when the component is listed in the overlay itself.
 		"transformers:\n- " + rel("config", "overlays", "workload-cluster", "namespace.yaml") + "\n"
@@ -188,4 +204,9 @@ func TestKustomizeApproveKubeletCSRs(t *testing.T) {
 	checkRules(t, objs, "ClusterRole", "-csr-approver", generatedRules(t, "config/rbac/csr-approver/role.yaml"))
 	checkBound(t, objs, "-csr-approver", "karpenter")
 	checkEnv(t, objs, map[string]string{"APPROVE_KUBELET_CSRS": "true"})
+	if sar {
+		checkRules(t, objs, "ClusterRole", "-csr-approver-sar", generatedRules(t, "config/rbac/csr-approver-sar/role.yaml"))
+		checkBound(t, objs, "-csr-approver-sar", "karpenter")
+		checkEnv(t, objs, map[string]string{"KUBELET_CSR_BOOTSTRAP_AUTHORIZATION": "subjectaccessreview"})
+	}
 }

@@ -26,6 +26,12 @@ type BootstrapData struct {
 	// eviction-hard (see NodeAllocatable); the rest are kept for tests to
 	// inspect.
 	KubeletArgs map[string]string `json:"kubeletArgs,omitempty"`
+	// BootstrapToken is the kubeadm bootstrap token ("<id>.<secret>") the
+	// kubelet joins with, as CABPK renders a Machine's own token into its
+	// cloud-init: a JoinWithCSR kubelet asks for its client certificate as
+	// system:bootstrap:<id>. Empty (a shared data Secret): it asks as
+	// BootstrapTokenUser, the token every such kubelet shares.
+	BootstrapToken string `json:"bootstrapToken,omitempty"`
 }
 
 // DefaultBootstrapData is the content of the world's "<cluster>-bootstrap"

@@ -2,6 +2,7 @@ package world
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"sort"
 	"strings"
@@ -38,7 +39,12 @@ import (
 //     as kubeadm join does for workers),
 //   - labels from the kubelet argument node-labels ("k1=v1,k2=v2"),
 //   - KubeletArgs from joinConfiguration.nodeRegistration.kubeletExtraArgs
-//     (a later duplicate wins, as the kubelet's flag parsing does).
+//     (a later duplicate wins, as the kubelet's flag parsing does),
+//   - BootstrapToken from joinConfiguration.discovery.bootstrapToken.token,
+//     which, like CABPK, it first sets to a new token of the Machine's own
+//     when the spec has none ("<6 of [a-z0-9]>.<16 of [a-z0-9]>"; the
+//     workload cluster's token Secret is not written: the simulated kubelet
+//     impersonates system:bootstrap:<id> rather than authenticating).
 //
 // The Secret is named like the KubeadmConfig, labelled with the cluster name,
 // of type cluster.x-k8s.io/secret and controlled by the KubeadmConfig. The
@@ -121,6 +127,7 @@ func BootstrapDataOf(spec bootstrapv1.KubeadmConfigSpec) BootstrapData {
 		}
 		d.KubeletArgs[a.Name] = ptr.Deref(a.Value, "")
 	}
+	d.BootstrapToken = spec.JoinConfiguration.Discovery.BootstrapToken.Token
 	for _, kv := range strings.Split(d.KubeletArgs["node-labels"], ",") {
 		if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && k != "" {
 			d.Labels[k] = v
@@ -195,6 +202,19 @@ func (b *simBootstrapper) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{RequeueAfter: 2 * time.Second}, nil
 	}
 
+	// Like CABPK, a join without a token gets one of its own, written into
+	// the spec before the data that carries it.
+	if cfg.Spec.JoinConfiguration.Discovery.BootstrapToken.Token == "" {
+		token, err := newBootstrapToken()
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		patch := client.MergeFrom(cfg.DeepCopy())
+		cfg.Spec.JoinConfiguration.Discovery.BootstrapToken.Token = token
+		if err := b.client.Patch(ctx, cfg, patch); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
 	secret, err := BootstrapSecret(cfg.Namespace, cfg.Name, clusterName, BootstrapDataOf(cfg.Spec))
 	if err != nil {
 		return reconcile.Result{}, err
@@ -220,6 +240,29 @@ func (b *simBootstrapper) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	return reconcile.Result{}, nil
+}
+
+// newBootstrapToken makes a kubeadm bootstrap token "<id>.<secret>" (6 and
+// 16 characters of [a-z0-9]), as k8s.io/cluster-bootstrap generates them.
+func newBootstrapToken() (string, error) {
+	const chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 22)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating a bootstrap token: %w", err)
+	}
+	for i := range b {
+		b[i] = chars[int(b[i])%len(chars)]
+	}
+	return string(b[:6]) + "." + string(b[6:]), nil
+}
+
+// BootstrapTokenUserOf is the user a kubelet joining with bootstrap data d
+// asks for its client certificate as.
+func BootstrapTokenUserOf(d BootstrapData) string {
+	if id, _, ok := strings.Cut(d.BootstrapToken, "."); ok && id != "" {
+		return "system:bootstrap:" + id
+	}
+	return BootstrapTokenUser
 }
 
 // ownerMachine returns the name of the Machine that owns the object, if any.

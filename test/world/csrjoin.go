@@ -46,8 +46,13 @@ const (
 
 const (
 	// BootstrapTokenUser is the user a JoinWithCSR kubelet's client request
-	// is made as (a bootstrap token's, in group system:bootstrappers).
+	// is made as when its bootstrap data carries no token of its own (a
+	// shared data Secret): one bootstrap token every such kubelet shares.
+	// A KubeadmConfig's kubelet asks as its Machine's own token
+	// (BootstrapTokenUserOf).
 	BootstrapTokenUser = "system:bootstrap:w0rld1"
+	// KubeadmTokenGroup is the extra group of CABPK's tokens.
+	KubeadmTokenGroup = "system:bootstrappers:kubeadm:default-node-token"
 	// CSRNodeLabel on a simulated kubelet's CertificateSigningRequests names
 	// its Node.
 	CSRNodeLabel = "world.test/node"
@@ -61,6 +66,14 @@ func (w *World) SetKubeletJoin(m JoinMode) { w.kubeletJoin.Store(int32(m)) }
 
 func (w *World) joinMode() JoinMode { return JoinMode(w.kubeletJoin.Load()) }
 
+// HoldKubeletJoin(true) makes JoinWithCSR kubelets that have not asked for
+// their client certificate yet wait before asking, as a slow boot would (a
+// test then files requests ahead of them); HoldKubeletJoin(false) lets them
+// ask.
+func (w *World) HoldKubeletJoin(hold bool) { w.kubeletHold.Store(hold) }
+
+func (w *World) kubeletHeld() bool { return w.kubeletHold.Load() }
+
 // ClientCSRName and ServingCSRName are the names of the requests of the
 // kubelet of an instance.
 func ClientCSRName(in Instance) string  { return "kubelet-client-" + in.ID }
@@ -69,20 +82,27 @@ func ServingCSRName(in Instance) string { return "kubelet-serving-" + in.ID }
 // joinWithCSR runs a JoinWithCSR kubelet's bootstrap: it returns true once
 // its client certificate is issued (the Node may register), else how long
 // to wait before looking again (a CSR event also brings it back).
-func (k *simKubelet) joinWithCSR(ctx context.Context, in Instance) (bool, error) {
+func (k *simKubelet) joinWithCSR(ctx context.Context, in Instance, boot BootstrapData) (bool, error) {
 	if err := k.ensureBootstrapRBAC(ctx); err != nil {
 		return false, err
 	}
 	csr := &certificatesv1.CertificateSigningRequest{}
 	err := k.client.Get(ctx, client.ObjectKey{Name: ClientCSRName(in)}, csr)
 	if apierrors.IsNotFound(err) {
+		if k.holdJoin != nil && k.holdJoin() {
+			return false, nil // World.HoldKubeletJoin: the kubelet looks again shortly
+		}
 		req, err := k.request(in, "client", &x509.CertificateRequest{Subject: nodeSubject(in.Hostname)})
 		if err != nil {
 			return false, err
 		}
 		csr = kubeletCSR(ClientCSRName(in), in.Hostname, "client", certificatesv1.KubeAPIServerClientKubeletSignerName, req,
 			certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth)
-		return false, k.createAs(ctx, rest.ImpersonationConfig{UserName: BootstrapTokenUser, Groups: []string{"system:bootstrappers", "system:authenticated"}}, csr)
+		groups := []string{"system:bootstrappers", "system:authenticated"}
+		if boot.BootstrapToken != "" {
+			groups = append(groups, KubeadmTokenGroup)
+		}
+		return false, k.createAs(ctx, rest.ImpersonationConfig{UserName: BootstrapTokenUserOf(boot), Groups: groups}, csr)
 	}
 	if err != nil {
 		return false, err

@@ -92,6 +92,8 @@ type simKubelet struct {
 	pulls map[string]map[string]time.Time
 	// join is how kubelets join (World.SetKubeletJoin); nil: JoinDirect.
 	join func() JoinMode
+	// holdJoin: JoinWithCSR kubelets wait before asking (World.HoldKubeletJoin).
+	holdJoin func() bool
 	// csrJoined are the Nodes registered after a JoinWithCSR bootstrap
 	// (they ask for a serving certificate), guarded by mu.
 	csrJoined map[string]bool
@@ -218,7 +220,10 @@ func (k *simKubelet) reconcileNode(ctx context.Context, req reconcile.Request) (
 		}
 		byCSR := k.join != nil && k.join() == JoinWithCSR
 		if byCSR {
-			issued, err := k.joinWithCSR(ctx, in)
+			issued, err := k.joinWithCSR(ctx, in, boot)
+			if err == nil && !issued && k.holdJoin != nil && k.holdJoin() {
+				return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil // held: still booting
+			}
 			if err != nil || !issued {
 				return reconcile.Result{}, err // the request's approval and certificate bring it back
 			}

@@ -75,7 +75,7 @@ func (w *World) PrepareCluster(ctx context.Context, name string) (*WorkloadClust
 	if wc.SpokeKubeconfig, err = spoke.WriteKubeconfig(w.Dir); err != nil {
 		return nil, err
 	}
-	mgr, err := newSpokeManager(spoke.Config, w.AWS, w.clusterKey(wc), w.readyDelay, w.pullDelay, w.joinMode, w.log.WithName("kubelet-"+name))
+	mgr, err := newSpokeManager(spoke.Config, w.AWS, w.clusterKey(wc), w.readyDelay, w.pullDelay, w.joinMode, w.kubeletHeld, w.log.WithName("kubelet-"+name))
 	if err != nil {
 		return nil, err
 	}

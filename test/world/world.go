@@ -195,6 +195,8 @@ type World struct {
 	imagePullDelay atomic.Int64
 	// kubeletJoin is SetKubeletJoin's JoinMode.
 	kubeletJoin atomic.Int32
+	// kubeletHold is HoldKubeletJoin's.
+	kubeletHold atomic.Bool
 	stopOnce    sync.Once
 	stopErr     error
 }
@@ -332,7 +334,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		}
 		managers = append(managers, awsMgr)
 	}
-	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, w.pullDelay, w.joinMode, log.WithName("kubelet"))
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, w.pullDelay, w.joinMode, w.kubeletHeld, log.WithName("kubelet"))
 	if err != nil {
 		return w, err
 	}
@@ -447,7 +449,7 @@ func (w *World) pullDelay() time.Duration { return time.Duration(w.imagePullDela
 
 // newSpokeManager runs the simulated kubelet of the Cluster's instances
 // against its workload cluster.
-func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, readyDelay, pullDelay func() time.Duration, join func() JoinMode, log logr.Logger) (ctrl.Manager, error) {
+func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.NamespacedName, readyDelay, pullDelay func() time.Duration, join func() JoinMode, hold func() bool, log logr.Logger) (ctrl.Manager, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return nil, err
@@ -464,7 +466,7 @@ func newSpokeManager(cfg *rest.Config, aws instanceSource, cluster types.Namespa
 		return nil, err
 	}
 	k := newSimKubelet(aws, cluster)
-	k.readyDelay, k.pullDelay, k.join = readyDelay, pullDelay, join
+	k.readyDelay, k.pullDelay, k.join, k.holdJoin = readyDelay, pullDelay, join, hold
 	return mgr, k.setupWithManager(mgr)
 }
 
@@ -657,7 +659,7 @@ func (w *World) AddClusterIn(ctx context.Context, namespace, name string) (*Work
 	if wc.SpokeKubeconfig, err = spoke.WriteKubeconfig(w.Dir); err != nil {
 		return nil, err
 	}
-	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.readyDelay, w.pullDelay, w.joinMode, w.log.WithName("kubelet-"+name))
+	mgr, err := newSpokeManager(spoke.Config, w.instances, w.clusterKey(wc), w.readyDelay, w.pullDelay, w.joinMode, w.kubeletHeld, w.log.WithName("kubelet-"+name))
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/clientcmd"
 	crconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
@@ -37,6 +38,25 @@ const (
 	FlagRenewDeadline        = "leader-election-renew-deadline"
 	FlagRetryPeriod          = "leader-election-retry-period"
 	FlagApproveKubeletCSRs   = "approve-kubelet-csrs"
+	// FlagKubeletCSRServiceAccounts names the service accounts, besides
+	// bootstrap tokens, whose client requests count as a bootstrapper's.
+	FlagKubeletCSRServiceAccounts = "kubelet-csr-bootstrap-service-accounts"
+	// FlagKubeletCSRAuthorization is how a bootstrap identity is recognised:
+	// KubeletCSRAuthorizationIdentities or KubeletCSRAuthorizationSAR.
+	FlagKubeletCSRAuthorization = "kubelet-csr-bootstrap-authorization"
+	// FlagKubeletCSRServingExternal lets serving certificates carry the
+	// Machines' external addresses.
+	FlagKubeletCSRServingExternal = "kubelet-csr-serving-external-addresses"
+)
+
+// Values of --kubelet-csr-bootstrap-authorization.
+const (
+	// KubeletCSRAuthorizationIdentities: bootstrap tokens and the service
+	// accounts of --kubelet-csr-bootstrap-service-accounts.
+	KubeletCSRAuthorizationIdentities = "identities"
+	// KubeletCSRAuthorizationSAR: whoever a SubjectAccessReview allows to
+	// create certificatesigningrequests/nodeclient.
+	KubeletCSRAuthorizationSAR = "subjectaccessreview"
 )
 
 // DefaultUnavailableTTL is how long an offering that failed for lack of
@@ -69,8 +89,18 @@ type Options struct {
 	// ApproveKubeletCSRs runs the approver of the kubelet certificate
 	// requests of the provider's nodes (package csrapproval).
 	ApproveKubeletCSRs bool
+	// KubeletCSRBootstrapServiceAccounts are "<namespace>/<name>" of the
+	// service accounts that may ask for a node's first client certificate.
+	KubeletCSRBootstrapServiceAccounts []string
+	// KubeletCSRBootstrapAuthorization is KubeletCSRAuthorizationIdentities
+	// or KubeletCSRAuthorizationSAR.
+	KubeletCSRBootstrapAuthorization string
+	// KubeletCSRServingExternalAddresses lets serving certificates carry the
+	// Machines' ExternalIP and ExternalDNS addresses.
+	KubeletCSRServingExternalAddresses bool
 
-	repairConditionsRaw string
+	repairConditionsRaw   string
+	csrServiceAccountsRaw string
 }
 
 // AddFlags registers the flags in core's flag set.
@@ -95,6 +125,12 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"How often the leader renews its lease and standbys try to take it: one lease write per period by the leader, one read per standby.")
 	fs.BoolVarWithEnv(&o.ApproveKubeletCSRs, FlagApproveKubeletCSRs, "APPROVE_KUBELET_CSRS", false,
 		"Approve the kubelet client and serving certificate signing requests of this provider's nodes, checked against the Machines that launched them (needs the approver's RBAC).")
+	fs.StringVar(&o.csrServiceAccountsRaw, FlagKubeletCSRServiceAccounts, env.WithDefaultString("KUBELET_CSR_BOOTSTRAP_SERVICE_ACCOUNTS", ""),
+		"With --approve-kubelet-csrs: service accounts (<namespace>/<name>,...) whose client certificate requests count as a node bootstrapper's, besides bootstrap tokens. None by default.")
+	fs.StringVar(&o.KubeletCSRBootstrapAuthorization, FlagKubeletCSRAuthorization, env.WithDefaultString("KUBELET_CSR_BOOTSTRAP_AUTHORIZATION", KubeletCSRAuthorizationIdentities),
+		"With --approve-kubelet-csrs: who may ask for a node's first client certificate: \"identities\" (bootstrap tokens and --kubelet-csr-bootstrap-service-accounts) or \"subjectaccessreview\" (whoever the workload cluster authorizes to create certificatesigningrequests/nodeclient, as kube-controller-manager asks; needs create on subjectaccessreviews).")
+	fs.BoolVarWithEnv(&o.KubeletCSRServingExternalAddresses, FlagKubeletCSRServingExternal, "KUBELET_CSR_SERVING_EXTERNAL_ADDRESSES", false,
+		"With --approve-kubelet-csrs: let kubelet serving certificates carry their Machine's ExternalIP and ExternalDNS addresses (internal addresses only by default).")
 	fs.StringVar(&o.repairConditionsRaw, FlagRepairConditions, env.WithDefaultString("REPAIR_CONDITIONS", ""),
 		"Node conditions, besides Ready, that make Karpenter replace a node once they held for a while (feature gate NodeRepair): <type>=<status>:<toleration>,... e.g. KernelDeadlock=True:10m.")
 }
@@ -135,6 +171,9 @@ func (o *Options) Validate() error {
 		return err
 	}
 	o.RepairConditions = conditions
+	if err := o.validateKubeletCSRs(); err != nil {
+		return err
+	}
 	if o.UnavailableTTL <= 0 {
 		return fmt.Errorf("--%s (UNAVAILABLE_OFFERINGS_TTL): %s is not a positive duration", FlagUnavailableTTL, o.UnavailableTTL)
 	}
@@ -142,6 +181,28 @@ func (o *Options) Validate() error {
 		return err
 	}
 	return checkKubeconfig(FlagClusterAPIKubeconfig+" (CLUSTER_API_KUBECONFIG)", o.ClusterAPIKubeconfig)
+}
+
+// validateKubeletCSRs parses the approver's settings.
+func (o *Options) validateKubeletCSRs() error {
+	switch o.KubeletCSRBootstrapAuthorization {
+	case KubeletCSRAuthorizationIdentities, KubeletCSRAuthorizationSAR:
+	default:
+		return fmt.Errorf("--%s (KUBELET_CSR_BOOTSTRAP_AUTHORIZATION): %q is neither %q nor %q",
+			FlagKubeletCSRAuthorization, o.KubeletCSRBootstrapAuthorization, KubeletCSRAuthorizationIdentities, KubeletCSRAuthorizationSAR)
+	}
+	o.KubeletCSRBootstrapServiceAccounts = nil
+	for _, sa := range strings.Split(o.csrServiceAccountsRaw, ",") {
+		if sa = strings.TrimSpace(sa); sa == "" {
+			continue
+		}
+		ns, name, ok := strings.Cut(sa, "/")
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			return fmt.Errorf("--%s (KUBELET_CSR_BOOTSTRAP_SERVICE_ACCOUNTS): %q is not <namespace>/<name> of a service account", FlagKubeletCSRServiceAccounts, sa)
+		}
+		o.KubeletCSRBootstrapServiceAccounts = append(o.KubeletCSRBootstrapServiceAccounts, sa)
+	}
+	return nil
 }
 
 // takeOverLeaderElection moves the leader election from core's manager to
