@@ -216,6 +216,11 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	if err != nil {
 		return nil, err
 	}
+	if !created {
+		// An earlier attempt's Machine the cache did not show yet: its parts
+		// are built from what it records, not from this call's choice.
+		return m, p.resume(ctx, nc, claim, claimLabels, m)
+	}
 	failpoint.Crash(StepMachine)
 	// 2. Its bootstrap config and infrastructure machine. On an error the
 	// Machine stays (it holds its reservation slot): the next Create
@@ -223,7 +228,7 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 	if err := p.ensureParts(ctx, m, ps, claim); err != nil {
 		return m, err
 	}
-	if created && p.Events != nil {
+	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeNormal, "Launched", "Launched for NodeClaim %s: %s in %q (%s) from %s %s",
 			claim, src.Name, offering.Zone, offering.CapacityType, resolved.Template.Kind, offering.Template.Name)
 	}

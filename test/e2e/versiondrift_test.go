@@ -39,7 +39,7 @@ func TestControlPlaneUpgradeStartsReplacingMachineModeNodesAtOnce(t *testing.T) 
 	memberTemplate(t, name, name+"-m5", "m5.large", map[string]string{v1alpha1.PriceAnnotation: "0.096"})
 	workload(t, name, name+"-app", 2, "1500m", "", nil)
 	waitAppNodes(t, 4*time.Minute, name+"-app", 2)
-	before := poolNodeClaims(t, name)
+	before := settledNodeClaims(t, name, 2)
 
 	setControlPlaneVersion(t, cp, upgradedVersion)
 	start := time.Now()
@@ -83,7 +83,7 @@ func TestMachineDeploymentVersionChangeStartsReplacingNodesAtOnce(t *testing.T) 
 	waitCounts(t, 4*time.Minute, name, app, []*clusterv1.MachineDeployment{md}, func(c counts) bool {
 		return c.RunningPods == 2 && c.Initialized == 2 && c.BoundMachines == 2
 	})
-	before := poolNodeClaims(t, name)
+	before := settledNodeClaims(t, name, 2)
 
 	cur := &clusterv1.MachineDeployment{}
 	if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
@@ -113,17 +113,37 @@ func setBudget(t *testing.T, pool, nodes string) {
 	}
 }
 
-// poolNodeClaims returns the names of a NodePool's NodeClaims.
-func poolNodeClaims(t *testing.T, pool string) map[string]bool {
+// settledNodeClaims waits until the NodePool's n NodeClaims are settled as
+// a user's running nodes are, and returns their names. Karpenter checks a
+// NodeClaim's drift whenever it reconciles it, which it does at every event
+// of the NodeClaim or its pods and until its consolidateAfter has passed
+// since the last pod event (Consolidatable); after that only an event, or
+// its 5-minute requeue, makes it look again. A version change right after
+// the launch would be seen by chance; on settled nodes only a NodeClass
+// change (status.driftHash) makes Karpenter look before the 5 minutes.
+func settledNodeClaims(t *testing.T, pool string, n int) map[string]bool {
 	t.Helper()
-	list := &karpv1.NodeClaimList{}
-	if err := w.Spoke.Client.List(context.Background(), list, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]bool{}
-	for _, nc := range list.Items {
-		out[nc.Name] = true
+	err := WaitFor(context.Background(), 2*time.Minute, func(ctx context.Context) (bool, error) {
+		list := &karpv1.NodeClaimList{}
+		if err := w.Spoke.Client.List(ctx, list, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
+			return false, err
+		}
+		clear(out)
+		for _, nc := range list.Items {
+			if !nc.StatusConditions().Get(karpv1.ConditionTypeConsolidatable).IsTrue() {
+				return false, nil
+			}
+			out[nc.Name] = true
+		}
+		return len(out) == n, nil
+	})
+	if err != nil {
+		t.Fatalf("NodePool %s: %d NodeClaims not all consolidatable: %v", pool, n, err)
 	}
+	// The Consolidatable update is itself an event Karpenter reconciles
+	// (and checks drift at): let those reconciles pass.
+	time.Sleep(3 * time.Second)
 	return out
 }
 
