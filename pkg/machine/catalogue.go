@@ -44,6 +44,10 @@ type Catalogue struct {
 
 	kinds           sync.Map // schema.GroupVersionKind -> *atomic.Int64 (event count)
 	clustersVersion atomic.Int64
+	// controlPlaneKinds are the control plane kinds watched; the version
+	// counts the changes of the version a control plane runs.
+	controlPlaneKinds    sync.Map // schema.GroupVersionKind -> bool
+	controlPlanesVersion atomic.Int64
 	// zones are the infrastructure's known zones (UseZones; nil: none).
 	zones *instancetype.Zones
 
@@ -88,13 +92,14 @@ func NewCatalogue(ctx context.Context, h *hub.Hub, unavailable *launch.Unavailab
 		return nil, fmt.Errorf("getting the Cluster informer: %w", err)
 	}
 	// Cluster API updates a Cluster's status often; only its failure
-	// domains (and its existence) change what the catalogue resolves.
+	// domains, what its version comes from (and its existence) change what
+	// the catalogue resolves.
 	handler := c.counter(&c.clustersVersion)
 	bump := handler.AddFunc
 	handler.UpdateFunc = func(oldObj, newObj any) {
 		o, ok1 := oldObj.(*clusterv1.Cluster)
 		n, ok2 := newObj.(*clusterv1.Cluster)
-		if !ok1 || !ok2 || !slices.Equal(failureDomains(o), failureDomains(n)) {
+		if !ok1 || !ok2 || !slices.Equal(failureDomains(o), failureDomains(n)) || clusterVersionInputs(o, n) {
 			bump(newObj)
 		}
 	}
@@ -191,7 +196,8 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 		bootstrapEvents = counter.Load()
 	}
 	spec, _ := json.Marshal(nc.Spec)
-	key := fmt.Sprintf("%s|%s|%d|%d|%d|%d|%d|%d", spec, gvk, events.Load(), bootstrapEvents, c.clustersVersion.Load(), c.unavailable.Version(), c.reservations.Version(), c.zones.Version())
+	key := fmt.Sprintf("%s|%s|%d|%d|%d|%d|%d|%d|%d", spec, gvk, events.Load(), bootstrapEvents, c.clustersVersion.Load(), c.controlPlanesVersion.Load(),
+		c.unavailable.Version(), c.reservations.Version(), c.zones.Version())
 	c.mu.Lock()
 	if m, ok := c.memo[nc.Name]; ok && m.key == key {
 		c.mu.Unlock()
@@ -240,8 +246,11 @@ func (c *Catalogue) Resolve(ctx context.Context, nc *v1alpha1.ClusterAPINodeClas
 		if mt.Version == "" {
 			// The version new Machines get follows the control plane: a
 			// Kubernetes upgrade changes the hash, so Karpenter checks drift
-			// at once (the memo key counts Cluster events, which a control
-			// plane's progress through an upgrade causes).
+			// at once (the memo key counts the control planes' version
+			// changes, see controlplane.go).
+			// Unwatched (its kind is not served), a change is seen by
+			// Karpenter's periodic drift check; the launch says what is wrong.
+			_ = c.watchControlPlane(ctx, cluster)
 			v, err := runningVersion(ctx, c.hub, cluster)
 			if err != nil {
 				v = "unknown" // launches say why; the hash must not stop the resolution

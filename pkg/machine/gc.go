@@ -160,7 +160,7 @@ func (g *GarbageCollector) leftoversOf(ctx context.Context, gk schema.GroupKind)
 	for i := range list.Items {
 		u := &list.Items[i]
 		claim := u.GetAnnotations()[v1alpha1.NodeClaimAnnotation]
-		if claim == "" || u.GetDeletionTimestamp() != nil || g.provider.Launching(claim) || hasMachineOwner(u) {
+		if claim == "" || u.GetDeletionTimestamp() != nil || g.provider.Launching(claim) || g.ownerLives(ctx, u) {
 			continue
 		}
 		if h.Scope.ClusterName != "" && u.GetLabels()[clusterv1.ClusterNameLabel] != h.Scope.ClusterName {
@@ -188,13 +188,20 @@ func (g *GarbageCollector) leftoversOf(ctx context.Context, gk schema.GroupKind)
 	return nil
 }
 
-func hasMachineOwner(u *unstructured.Unstructured) bool {
-	for _, ref := range u.GetOwnerReferences() {
-		if ref.Kind == "Machine" {
-			return true
-		}
+// ownerLives reports whether the part's owner Machine is in the hub cache.
+// Launches create parts owned by their Machine (parts.go): one whose
+// Machine went before the part was made (its NodeClaim deleted meanwhile)
+// is a leftover too, confirmed below by a live read.
+func (g *GarbageCollector) ownerLives(ctx context.Context, u *unstructured.Unstructured) bool {
+	ref := machineOwner(u)
+	if ref == nil {
+		return false
 	}
-	return false
+	m := &clusterv1.Machine{}
+	if err := g.provider.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: u.GetNamespace(), Name: ref.Name}, m); err != nil {
+		return false
+	}
+	return m.UID == ref.UID
 }
 
 func ptrUID(u *unstructured.Unstructured) *types.UID {

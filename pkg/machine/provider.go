@@ -146,6 +146,8 @@ func (p *Provider) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		if m, err = p.create(ctx, nc, claim, claimLabels, attempt, recorded, record, choose); err != nil {
 			return nil, err
 		}
+	} else if err := p.resume(ctx, nc, claim, claimLabels, m); err != nil {
+		return nil, err
 	}
 	return p.await(ctx, claim, m)
 }
@@ -158,8 +160,8 @@ func attemptName(clusterName, claim string, attempt int) string {
 	return ObjectName(clusterName, fmt.Sprintf("%s-%d", claim, attempt))
 }
 
-// create creates the infrastructure machine, the bootstrap config and the
-// Machine, each only when missing.
+// create creates the Machine, then its bootstrap config and infrastructure
+// machine owned by it, each only when missing.
 func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, claim string, claimLabels map[string]string, attempt int, recorded *Offering,
 	record func(Offering), choose func(*Resolved) (instancetype.Source, error)) (m *clusterv1.Machine, err error) {
 	resolved, err := p.catalogue.Resolve(ctx, nc)
@@ -192,96 +194,65 @@ func (p *Provider) create(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass,
 		return nil, err
 	}
 	c.ReservationID = reservation
-	mt, name := nc.Spec.MachineTemplate, c.Name
 	if err := p.infraWatch.Ensure(ctx, resolved.Template.GroupVersion().WithKind(machineKind(resolved.Template.Kind))); err != nil {
 		return nil, err
 	}
-
-	// 1. The infrastructure machine, cloned from the template.
-	infra, err := c.InfraMachine()
+	// Everything is built before anything is written: an unusable template
+	// fails the launch with nothing to clean up.
+	ps, err := p.buildParts(ctx, nc, c, claimLabels)
 	if err != nil {
 		return nil, err
 	}
-	createdInfra, err := p.ensure(ctx, infra, claim)
-	if err != nil {
-		return nil, err
-	}
-	failpoint.Crash(StepInfrastructure)
-	// cleanup removes what this call created when a later step cannot succeed.
-	cleanup := func(objs ...client.Object) {
-		for _, o := range objs {
-			if o != nil {
-				_ = client.IgnoreNotFound(p.hub.GetClient().Delete(context.WithoutCancel(ctx), o))
-			}
-		}
-	}
-
-	// 2. The bootstrap config, from the bootstrap template (or a data Secret).
-	bootstrap := clusterv1.Bootstrap{DataSecretName: mt.Bootstrap.DataSecretName}
-	var bootstrapTemplate *unstructured.Unstructured
-	var createdConfig client.Object
-	if ref := mt.Bootstrap.ConfigRef; ref != nil {
-		gvk, err := ResolveKind(p.hub, ref.APIGroup, ref.Kind)
-		if err != nil {
-			cleanup(createdInfra)
-			return nil, cloudprovider.NewCreateError(fmt.Errorf("ClusterAPINodeClass %s: spec.machineTemplate.bootstrap.configRef: %w", nc.Name, err), "BootstrapTemplateUnusable", err.Error())
-		}
-		bootstrapTemplate = &unstructured.Unstructured{}
-		bootstrapTemplate.SetGroupVersionKind(gvk)
-		if err := p.hub.GetCache().Get(ctx, types.NamespacedName{Namespace: offering.Template.Namespace, Name: ref.Name}, bootstrapTemplate); err != nil {
-			if apierrors.IsNotFound(err) {
-				cleanup(createdInfra)
-				msg := fmt.Sprintf("ClusterAPINodeClass %s: spec.machineTemplate.bootstrap.configRef: %s %s/%s does not exist", nc.Name, ref.Kind, offering.Template.Namespace, ref.Name)
-				return nil, cloudprovider.NewCreateError(errors.New(msg), "BootstrapTemplateNotFound", msg)
-			}
-			return nil, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, offering.Template.Namespace, ref.Name, err)
-		}
-		config, err := clone(bootstrapTemplate, gvk, name, c.ClusterName, claim, offering)
-		if err != nil {
-			cleanup(createdInfra)
-			return nil, err
-		}
-		// The kubelet registers the Node with the NodeClaim's labels.
-		if _, err := addNodeLabels(config, gvk, RegistrationLabels(claimLabels, src.Name, offering)); err != nil {
-			cleanup(createdInfra)
-			msg := fmt.Sprintf("ClusterAPINodeClass %s: spec.machineTemplate.bootstrap.configRef: %s %s/%s: %v", nc.Name, ref.Kind, offering.Template.Namespace, ref.Name, err)
-			return nil, cloudprovider.NewCreateError(errors.New(msg), "BootstrapTemplateUnusable", msg)
-		}
-		if createdConfig, err = p.ensure(ctx, config, claim); err != nil {
-			return nil, err
-		}
-		failpoint.Crash(StepBootstrap)
-		bootstrap = clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{APIGroup: gvk.Group, Kind: config.GetKind(), Name: name}}
-	}
-
-	// 3. The Machine, referencing both.
-	m = c.Machine(bootstrap, bootstrapTemplate)
+	m = c.Machine(ps.bootstrap, ps.bootstrapTemplate)
 	if owner, err := p.adoptingMachineSet(ctx, m); err != nil {
 		return nil, err
 	} else if owner != "" {
-		cleanup(createdInfra, createdConfig)
 		msg := fmt.Sprintf("ClusterAPINodeClass %s: the Machine's labels (spec.machineTemplate.metadata.labels) match the selector of MachineSet %s, which would adopt it: remove those labels", nc.Name, owner)
 		return nil, cloudprovider.NewCreateError(errors.New(msg), "MachineWouldBeAdopted", msg)
 	}
-	if err := p.hub.GetClient().Create(ctx, m); err != nil {
-		if !apierrors.IsAlreadyExists(err) {
-			metrics.HubErrors.WithLabelValues("create_machine").Inc()
-			return nil, fmt.Errorf("creating Machine %s/%s for NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
-		}
-		if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
-			return nil, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
-		}
-		if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim {
-			return nil, fmt.Errorf("Machine %s/%s exists and is not NodeClaim %s's: not touching it", m.Namespace, m.Name, claim)
-		}
-		return m, nil
+
+	// 1. The Machine, first: its parts are created owned by it (parts.go).
+	created, err := p.ensureMachine(ctx, m, claim)
+	if err != nil {
+		return nil, err
+	}
+	if !created {
+		// An earlier attempt's Machine the cache did not show yet: its parts
+		// are built from what it records, not from this call's choice.
+		return m, p.resume(ctx, nc, claim, claimLabels, m)
 	}
 	failpoint.Crash(StepMachine)
+	// 2. Its bootstrap config and infrastructure machine. On an error the
+	// Machine stays (it holds its reservation slot): the next Create
+	// resumes it.
+	if err := p.ensureParts(ctx, m, ps, claim); err != nil {
+		return m, err
+	}
 	if p.Events != nil {
 		p.Events.Eventf(m, corev1.EventTypeNormal, "Launched", "Launched for NodeClaim %s: %s in %q (%s) from %s %s",
 			claim, src.Name, offering.Zone, offering.CapacityType, resolved.Template.Kind, offering.Template.Name)
 	}
 	return m, nil
+}
+
+// ensureMachine creates the Machine unless the NodeClaim's Machine of that
+// name exists, which it then reads into m; created says which.
+func (p *Provider) ensureMachine(ctx context.Context, m *clusterv1.Machine, claim string) (created bool, err error) {
+	err = p.hub.GetClient().Create(ctx, m)
+	if err == nil {
+		return true, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		metrics.HubErrors.WithLabelValues("create_machine").Inc()
+		return false, fmt.Errorf("creating Machine %s/%s for NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
+	}
+	if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+		return false, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+	}
+	if m.Annotations[v1alpha1.NodeClaimAnnotation] != claim {
+		return false, fmt.Errorf("Machine %s/%s exists and is not NodeClaim %s's: not touching it", m.Namespace, m.Name, claim)
+	}
+	return false, nil
 }
 
 // offering decides what to launch: the recorded choice, else what an

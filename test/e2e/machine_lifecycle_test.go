@@ -139,9 +139,9 @@ func TestMachineModeDriftReplacesNodesWithinBudgets(t *testing.T) {
 	}
 }
 
-// A launch interrupted after each of its steps (infrastructure machine,
-// bootstrap config, Machine) resumes after a restart: exactly one Machine
-// per NodeClaim, and nothing left over.
+// A launch interrupted after each of its steps (Machine, bootstrap config,
+// infrastructure machine) resumes after a restart: exactly one Machine per
+// NodeClaim, its parts made, and nothing left over.
 func TestMachineModeCrashAtEachLaunchStep(t *testing.T) {
 	ctx := context.Background()
 	if _, err := w.CreateKubeadmConfigTemplate(ctx, "crash-bootstrap", nil); err != nil {
