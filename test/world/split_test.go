@@ -9,7 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/utils/ptr"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/autonode/karpenter-clusterapi/test/environment"
@@ -99,8 +99,7 @@ func TestSplitWorld(t *testing.T) {
 		t.Errorf("Node %s registered %s after its MachineDeployment, before the 3s provisioning delay", node.Name, up)
 	}
 
-	md.Spec.Replicas = ptr.To[int32](0)
-	if err := w.Hub.Client.Update(ctx, md); err != nil {
+	if err := w.Hub.Client.Patch(ctx, md, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":0}}`))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(ctx, t, 90*time.Second, "the Node gone", func(ctx context.Context) (bool, string, error) {

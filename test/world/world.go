@@ -581,7 +581,7 @@ func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error
 		awsCluster = &infrav1.AWSCluster{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: infrav1.AWSClusterSpec{
-				Region:               w.AWS.Region(),
+				Region:               regionOf(w.zones[0]),
 				ControlPlaneEndpoint: clusterv1beta1.APIEndpoint{Host: host, Port: int32(port)},
 			},
 		}
