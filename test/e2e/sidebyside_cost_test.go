@@ -142,8 +142,9 @@ func parseRequestTotals(text string) (map[string]float64, error) {
 	return out, nil
 }
 
-// writeVerbs are the verbs that change state.
-var writeVerbs = map[string]bool{"CREATE": true, "UPDATE": true, "PATCH": true, "DELETE": true, "DELETECOLLECTION": true, "APPLY": true, "POST": true}
+// writeVerbs are the verbs that change state (apiserver_request_total names
+// them as HTTP does: POST, PUT, PATCH, DELETE; and DELETECOLLECTION, APPLY).
+var writeVerbs = map[string]bool{"POST": true, "PUT": true, "CREATE": true, "UPDATE": true, "PATCH": true, "DELETE": true, "DELETECOLLECTION": true, "APPLY": true}
 
 // requestTotals are an API server's requests of a run (WATCH aside: a
 // watch is one request however much it carries) and its writes.
