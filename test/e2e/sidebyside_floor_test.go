@@ -312,7 +312,7 @@ func runFloor(tb testing.TB, f floor, o benchOptions) runResult {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
+	timeout := o.runTimeout()
 	start := time.Now()
 	if err := writes.up(ctx); err != nil {
 		tb.Fatalf("%s: %v", f.name, err)

@@ -27,6 +27,8 @@ import (
 //	                   (default 1; the floor scales each to its share of N)
 //	BENCH_BATCH        core's batch window of the Karpenter contenders, "idle/max"
 //	                   (default the suite's 500ms/3s; core's own defaults are 1s/10s)
+//	BENCH_RUN_TIMEOUT  bound of each wait of a run (default 10 minutes, or 3 s
+//	                   per node when longer): raise it on a loaded machine
 //	BENCH_PROFILE_DIR  write 20 s CPU profiles of each contender's process there
 //	BENCH_JSON         write the results there as JSON (appended to the runs
 //	                   the file holds already: one file for several placements)
@@ -45,6 +47,13 @@ func BenchmarkSideBySide(b *testing.B) {
 			b.Fatalf("BENCH_DELAY: %v", err)
 		}
 		o.Delay = d
+	}
+	if v := os.Getenv("BENCH_RUN_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			b.Fatalf("BENCH_RUN_TIMEOUT: %q is no positive duration", v)
+		}
+		o.RunTimeout = d
 	}
 	if v := os.Getenv("BENCH_MDS"); v != "" {
 		k, err := strconv.Atoi(v)

@@ -232,6 +232,16 @@ type benchOptions struct {
 	N          int
 	Delay      time.Duration
 	ProfileDir string // CPU profiles of the contender's process, when set
+	// RunTimeout bounds each wait of a run (BENCH_RUN_TIMEOUT); zero: 10
+	// minutes, or 3 s per node when longer.
+	RunTimeout time.Duration
+}
+
+func (o benchOptions) runTimeout() time.Duration {
+	if o.RunTimeout > 0 {
+		return o.RunTimeout
+	}
+	return max(10*time.Minute, time.Duration(o.N)*3*time.Second)
 }
 
 // runBurst runs one contender: N single-pod nodes from zero and back to zero.
@@ -292,7 +302,7 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	start := time.Now()
 	tl.countSurplus(true)
 	d := deployment(tb, pool, app, int32(o.N), "1500m")
-	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
+	timeout := o.runTimeout()
 	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) { return tl.now("pod-running") >= o.N, nil }); err != nil {
 		close(profDone)
 		tb.Fatalf("%s: %d pods: %v; running %d, nodeclaims %d, nodes %d, machines %d (log %s)", c.name, o.N, err,
