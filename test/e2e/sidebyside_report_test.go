@@ -331,6 +331,7 @@ func printRun(out io.Writer, r runResult) {
 			"%d Machines with a providerID in %.1fs; back to 0 Nodes in %.1fs, 0 Machines in %.1fs; world CPU %.1fs; peak Nodes %d, Machines %d; Machines by zone %s; the run took %.0fs\n",
 			r.Contender, r.FloorOf, over, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.N, r.MachinesRunningS, r.NodesGoneS, r.ScaleDownS,
 			r.WorldCPUS, r.PeakNodes, r.PeakMachines, r.MachineZones, r.WallS)
+		printCost(out, r)
 		printBreakdown(out, r)
 		return
 	}
@@ -345,7 +346,17 @@ func printRun(out io.Writer, r runResult) {
 	if r.MachineZones != "" {
 		fmt.Fprintf(out, "  Machines by zone: %s\n", r.MachineZones)
 	}
+	printCost(out, r)
 	printBreakdown(out, r)
+}
+
+// printCost prints a run's cost per node as it finishes (the tables at the
+// end hold the same): a bench cut short keeps it.
+func printCost(out io.Writer, r runResult) {
+	n := float64(r.N)
+	fmt.Fprintf(out, "  cost per node: CPU management side %.3fs, workload side %.3fs, Karpenter process %.3fs, bench process %.3fs; "+
+		"hub API requests %.1f (writes %.1f), spoke API requests %.1f (writes %.1f)\n",
+		r.HubCPUS/n, r.WorkloadCPUS/n, r.CPUS/n, r.HarnessCPUS/n, r.HubRequestsPerNode, r.HubAPIWritesPerNode, r.SpokeRequestsPerNode, r.SpokeAPIWritesPerNode)
 }
 
 func printBreakdown(out io.Writer, r runResult) {
