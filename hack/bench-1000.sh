@@ -11,11 +11,14 @@
 #                     machinedeployment contender and its capi-md floor (default 1)
 #   BENCH_1000_DIR    where results go (default bench-1000/ in the repository;
 #                     a build artifact, do not commit)
+#   BENCH_PLACEMENTS  shared,separated (default both, in this order): the
+#                     world's two sides in processes of their own anywhere,
+#                     then each on CPUs of its own (see hack/bench.sh)
 #
-# Writes results.json (the runs), table.txt (the side-by-side table with the
-# breakdown of each run) and, per Karpenter contender, a merged CPU profile
-# <contender>.pprof with its top functions by cumulative time in
-# <contender>-top.txt. The Cluster API floors (capi-md, capi-machines) run no
+# Writes results.json (the runs of every placement), table-<placement>.txt
+# (the side-by-side table with the breakdown of each run) and, per placement
+# and Karpenter contender, a merged CPU profile <placement>-<contender>.pprof
+# with its top functions by cumulative time in <placement>-<contender>-top.txt. The Cluster API floors (capi-md, capi-machines) run no
 # Karpenter process, so they have no profile: the world's CPU in the table is
 # what they cost.
 set -uo pipefail
@@ -31,16 +34,22 @@ dir="${BENCH_1000_DIR:-$root/bench-1000}"
 rm -rf "$dir" && mkdir -p "$dir/profiles"
 echo "bench-1000: load average at start: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 
-BENCH_N=1000 BENCH_JSON="$dir/results.json" BENCH_PROFILE_DIR="$dir/profiles" \
-	go test -run '^$' -bench '^BenchmarkSideBySide$' -benchtime 1x -timeout 4h ./test/e2e/ 2>&1 | tee "$dir/table.txt"
-status=${PIPESTATUS[0]}
+status=0
+placements="${BENCH_PLACEMENTS:-shared,separated}"
+for placement in ${placements//,/ }; do
+	echo "bench-1000: placement $placement, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+	mkdir -p "$dir/profiles/$placement"
+	BENCH_N=1000 BENCH_PLACEMENT="$placement" BENCH_JSON="$dir/results.json" BENCH_PROFILE_DIR="$dir/profiles/$placement" \
+		go test -run '^$' -bench '^BenchmarkSideBySide$' -benchtime 1x -timeout 4h ./test/e2e/ 2>&1 | tee "$dir/table-$placement.txt"
+	[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 
-for c in kwok capi-md machinedeployment capi-machines machine; do
-	profiles=("$dir"/profiles/sbs-"$c"-1000-*.pprof)
-	# Not run (BENCH_CONTENDERS), or a floor: no process, no profile.
-	[[ -e "${profiles[0]}" ]] || continue
-	go tool pprof -proto "${profiles[@]}" > "$dir/$c.pprof" 2>/dev/null &&
-		go tool pprof -top -cum -nodecount 60 "$dir/$c.pprof" > "$dir/$c-top.txt" 2>/dev/null
+	for c in kwok capi-md machinedeployment capi-machines machine; do
+		profiles=("$dir"/profiles/"$placement"/sbs-"$c"-1000-*.pprof)
+		# Not run (BENCH_CONTENDERS), or a floor: no process, no profile.
+		[[ -e "${profiles[0]}" ]] || continue
+		go tool pprof -proto "${profiles[@]}" > "$dir/$placement-$c.pprof" 2>/dev/null &&
+			go tool pprof -top -cum -nodecount 60 "$dir/$placement-$c.pprof" > "$dir/$placement-$c-top.txt" 2>/dev/null
+	done
 done
 echo "bench-1000: results in $dir (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))"
 exit "$status"

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/autonode/karpenter-clusterapi/test/environment"
+	"github.com/autonode/karpenter-clusterapi/test/placement"
 	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
@@ -78,6 +79,10 @@ func startProvider(bin string, w *world.World, spokeKubeconfig, clusterName, log
 	return startKarpenter(bin, filepath.Join(w.Dir, logName), args, env)
 }
 
+// karpenterCPUs pins the Karpenter processes (none: anywhere): the
+// workload side's CPUs in the bench's separated placement.
+var karpenterCPUs placement.CPUs
+
 // startKarpenter starts a binary built on Karpenter core's operator (this
 // provider, or core's kwok provider) with the suite's settings of core,
 // metrics and health probes on free ports, and extra environment variables.
@@ -110,7 +115,7 @@ func startKarpenter(bin, logPath string, args, env []string) (*Provider, error) 
 		"UNAVAILABLE_OFFERINGS_TTL="+suiteUnavailableTTL.String(),
 	)
 	cmd.Env = append(cmd.Env, env...)
-	if err := cmd.Start(); err != nil {
+	if err := placement.Start(cmd, karpenterCPUs); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", filepath.Base(bin), err)
 	}

@@ -283,8 +283,8 @@ func runFloor(tb testing.TB, f floor, o benchOptions) runResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pool := fmt.Sprintf("sbs-%s-%d", f.name, o.N)
-	w.AWS.SetProvisionDelay(o.Delay)
-	defer w.AWS.SetProvisionDelay(0)
+	setProvisionDelay(tb, o.Delay)
+	defer setProvisionDelay(tb, 0)
 	writes := f.setup(tb, ctx, pool, o.N)
 	defer writes.cleanup()
 
@@ -302,12 +302,17 @@ func runFloor(tb testing.TB, f floor, o benchOptions) runResult {
 		tb.Fatal("caches did not sync")
 	}
 
-	r := runResult{Contender: f.name, FloorOf: f.of, N: o.N, DelayS: o.Delay.Seconds(), LoadAvg: loadAvg()}
+	r := newRunResult(f.name, o)
+	r.FloorOf = f.of
 	if f.name == contenderFloorMD {
 		r.MachineDeployments = benchMDs
 	}
 	world0 := worldCPU(0)
-	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
+	cost0, err := takeCost(ctx, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	timeout := o.runTimeout()
 	start := time.Now()
 	if err := writes.up(ctx); err != nil {
 		tb.Fatalf("%s: %v", f.name, err)
@@ -343,6 +348,11 @@ func runFloor(tb testing.TB, f floor, o benchOptions) runResult {
 	}
 	r.ScaleDownS = time.Since(downStart).Seconds()
 	r.WorldCPUS = worldCPU(0) - world0
+	cost1, err := takeCost(ctx, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r.setCost(cost1.since(cost0))
 	r.PeakNodes, r.PeakMachines = tl.poolNodesPeak(), tl.peakOf("machine")
 	r.Breakdown = floorBreakdown(tl, start)
 	r.MachineZones = tl.zoneCounts()

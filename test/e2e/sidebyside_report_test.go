@@ -27,8 +27,16 @@ import (
 //	                   (default 1; the floor scales each to its share of N)
 //	BENCH_BATCH        core's batch window of the Karpenter contenders, "idle/max"
 //	                   (default the suite's 500ms/3s; core's own defaults are 1s/10s)
+//	BENCH_RUN_TIMEOUT  bound of each wait of a run (default 10 minutes, or 3 s
+//	                   per node when longer): raise it on a loaded machine
 //	BENCH_PROFILE_DIR  write 20 s CPU profiles of each contender's process there
-//	BENCH_JSON         write the results there as JSON
+//	BENCH_JSON         write the results there as JSON (appended to the runs
+//	                   the file holds already: one file for several placements)
+//	BENCH_PLACEMENT    the world: unset (in-process, as the other tests), shared
+//	                   (its two sides in processes of their own, anywhere) or
+//	                   separated (each side on CPUs of its own: BENCH_HUB_CPUS,
+//	                   default the first CPU, BENCH_WORKLOAD_CPUS, default the
+//	                   others; see suitePlacement)
 //
 // Run: go test -run '^$' -bench SideBySide -benchtime 1x -timeout 2h ./test/e2e/
 func BenchmarkSideBySide(b *testing.B) {
@@ -39,6 +47,13 @@ func BenchmarkSideBySide(b *testing.B) {
 			b.Fatalf("BENCH_DELAY: %v", err)
 		}
 		o.Delay = d
+	}
+	if v := os.Getenv("BENCH_RUN_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			b.Fatalf("BENCH_RUN_TIMEOUT: %q is no positive duration", v)
+		}
+		o.RunTimeout = d
 	}
 	if v := os.Getenv("BENCH_MDS"); v != "" {
 		k, err := strconv.Atoi(v)
@@ -73,8 +88,10 @@ func BenchmarkSideBySide(b *testing.B) {
 	printSideBySide(os.Stdout, results)
 	// The figures hack/bench.sh holds against targets.
 	for _, r := range results {
-		prefix := fmt.Sprintf("%s-%d-", r.Contender, r.N)
+		prefix := fmt.Sprintf("%s-%s-%d-", r.Placement, r.Contender, r.N)
 		b.ReportMetric(r.TotalS, prefix+"total-s")
+		b.ReportMetric(r.HubCPUS+r.WorkloadCPUS, prefix+"sides-cpu-s")
+		b.ReportMetric(r.HubAPIWritesPerNode, prefix+"hub-api-writes/node")
 		if r.FloorOf != "" || r.Contender == contenderKWOK {
 			continue
 		}
@@ -87,16 +104,41 @@ func BenchmarkSideBySide(b *testing.B) {
 				}
 			}
 		}
+		for metric, key := range map[string]string{"sides-cpu": "sides_cpu_per_node_s", "hub-api-writes": "hub_api_writes_per_node", "spoke-api-writes": "spoke_api_writes_per_node"} {
+			if v := r.Ratios[key].ToSum; v != nil {
+				b.ReportMetric(*v, prefix+metric+"/sum")
+			}
+		}
 	}
 	if path := os.Getenv("BENCH_JSON"); path != "" {
-		raw, err := json.MarshalIndent(results, "", "  ")
-		if err == nil {
-			err = os.WriteFile(path, raw, 0o644)
-		}
-		if err != nil {
+		if err := appendResults(path, results); err != nil {
 			b.Fatalf("writing %s: %v", path, err)
 		}
 	}
+}
+
+// appendResults writes the runs to path after those it holds already.
+func appendResults(path string, results []runResult) error {
+	var all []json.RawMessage
+	if raw, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(raw))) > 0 {
+		if err := json.Unmarshal(raw, &all); err != nil {
+			return fmt.Errorf("%s holds no JSON array of runs: %w", path, err)
+		}
+	} else if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, r := range results {
+		raw, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		all = append(all, raw)
+	}
+	raw, err := json.MarshalIndent(all, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o644)
 }
 
 // parseBenchBatch reads BENCH_BATCH: core's batch window as "idle/max",
@@ -220,11 +262,18 @@ func resultOf(results []runResult, contender string, n int) (runResult, bool) {
 // the infrastructure), and the larger of the two, which is what a provider
 // that overlapped Karpenter's decisions with Cluster API's work entirely
 // would reach. Absent: the reference was not run or has no such figure.
+//
+// For the world's work (CPU, API requests), whose parts add up, the mode is
+// also held against the sum of kwok's and its floor's: what Karpenter's own
+// work plus Cluster API's own work cost; beyond it is what the provider
+// makes the world do.
 type figureRatios struct {
 	ToKWOK  *float64 `json:"to_kwok,omitempty"`
 	ToFloor *float64 `json:"to_floor,omitempty"`
 	Max     *float64 `json:"max_kwok_floor,omitempty"`
 	ToMax   *float64 `json:"to_max,omitempty"`
+	Sum     *float64 `json:"kwok_plus_floor,omitempty"`
+	ToSum   *float64 `json:"to_kwok_plus_floor,omitempty"`
 }
 
 // modeRatios are a mode's figureRatios by figure key (nil for kwok and the
@@ -252,6 +301,10 @@ func modeRatios(results []runResult, r runResult) map[string]figureRatios {
 			m := max(refs[0], refs[1])
 			fr.Max, fr.ToMax = &m, finite(ratio(v, m))
 		}
+		if f.sum && hasKWOK && hasFloor {
+			sum := f.value(k) + f.value(fl)
+			fr.Sum, fr.ToSum = &sum, finite(ratio(v, sum))
+		}
 		if fr != (figureRatios{}) {
 			out[f.key] = fr
 		}
@@ -278,6 +331,7 @@ func printRun(out io.Writer, r runResult) {
 			"%d Machines with a providerID in %.1fs; back to 0 Nodes in %.1fs, 0 Machines in %.1fs; world CPU %.1fs; peak Nodes %d, Machines %d; Machines by zone %s; the run took %.0fs\n",
 			r.Contender, r.FloorOf, over, r.N, r.DelayS, r.LoadAvg, r.TotalS, r.PodStartP50S, r.N, r.MachinesRunningS, r.NodesGoneS, r.ScaleDownS,
 			r.WorldCPUS, r.PeakNodes, r.PeakMachines, r.MachineZones, r.WallS)
+		printCost(out, r)
 		printBreakdown(out, r)
 		return
 	}
@@ -292,7 +346,17 @@ func printRun(out io.Writer, r runResult) {
 	if r.MachineZones != "" {
 		fmt.Fprintf(out, "  Machines by zone: %s\n", r.MachineZones)
 	}
+	printCost(out, r)
 	printBreakdown(out, r)
+}
+
+// printCost prints a run's cost per node as it finishes (the tables at the
+// end hold the same): a bench cut short keeps it.
+func printCost(out io.Writer, r runResult) {
+	n := float64(r.N)
+	fmt.Fprintf(out, "  cost per node: CPU management side %.3fs, workload side %.3fs, Karpenter process %.3fs, bench process %.3fs; "+
+		"hub API requests %.1f (writes %.1f), spoke API requests %.1f (writes %.1f)\n",
+		r.HubCPUS/n, r.WorkloadCPUS/n, r.CPUS/n, r.HarnessCPUS/n, r.HubRequestsPerNode, r.HubAPIWritesPerNode, r.SpokeRequestsPerNode, r.SpokeAPIWritesPerNode)
 }
 
 func printBreakdown(out io.Writer, r runResult) {
@@ -307,28 +371,40 @@ func printBreakdown(out io.Writer, r runResult) {
 }
 
 // sideBySideFigures are the table's rows: JSON key, label, value, whether
-// a ratio to kwok means something, and whether a Cluster API floor has the
-// figure (it has no process, no pods: its times run to Nodes Ready).
+// a ratio to kwok means something, whether a Cluster API floor has the
+// figure (it has no process, no pods: its times run to Nodes Ready), and
+// whether it adds up over kwok and the floor (the world's work).
 var sideBySideFigures = []struct {
 	key   string
 	label string
 	value func(runResult) float64
 	ratio bool
 	floor bool
+	sum   bool
 }{
-	{"total_s", "N pods created -> all Running (s)", func(r runResult) float64 { return r.TotalS }, true, true},
-	{"pod_start_p50_s", "pod start p50 (s)", func(r runResult) float64 { return r.PodStartP50S }, true, true},
-	{"pod_start_p100_s", "pod start p100 (s)", func(r runResult) float64 { return r.PodStartP100S }, true, true},
-	{"nodes_ready_s", "start -> N Nodes Ready (s)", func(r runResult) float64 { return r.NodesReadyS }, true, true},
-	{"machines_running_s", "start -> N Machines with providerID (s)", func(r runResult) float64 { return r.MachinesRunningS }, false, true},
-	{"scale_down_s", "scale-down to zero (s)", func(r runResult) float64 { return r.ScaleDownS }, true, true},
-	{"nodes_gone_s", "scale-down to 0 Nodes (s)", func(r runResult) float64 { return r.NodesGoneS }, true, true},
-	{"cpu_s", "process CPU (s)", func(r runResult) float64 { return r.CPUS }, true, false},
-	{"peak_rss_mib", "process peak RSS (MiB)", func(r runResult) float64 { return r.PeakRSSMiB }, true, false},
-	{"hub_writes_per_node", "writes/node to the hub", func(r runResult) float64 { return r.HubWritesPerNode }, false, false},
-	{"spoke_writes_per_node", "writes/node to the spoke", func(r runResult) float64 { return r.SpokeWritesPerNode }, true, false},
-	{"world_cpu_s", "world CPU: API servers, CAPI, sims (s)", func(r runResult) float64 { return r.WorldCPUS }, true, true},
-	{"total_cpu_s", "CPU, process + world (s)", func(r runResult) float64 { return r.CPUS + r.WorldCPUS }, true, true},
+	{"total_s", "N pods created -> all Running (s)", func(r runResult) float64 { return r.TotalS }, true, true, false},
+	{"pod_start_p50_s", "pod start p50 (s)", func(r runResult) float64 { return r.PodStartP50S }, true, true, false},
+	{"pod_start_p100_s", "pod start p100 (s)", func(r runResult) float64 { return r.PodStartP100S }, true, true, false},
+	{"nodes_ready_s", "start -> N Nodes Ready (s)", func(r runResult) float64 { return r.NodesReadyS }, true, true, false},
+	{"machines_running_s", "start -> N Machines with providerID (s)", func(r runResult) float64 { return r.MachinesRunningS }, false, true, false},
+	{"scale_down_s", "scale-down to zero (s)", func(r runResult) float64 { return r.ScaleDownS }, true, true, false},
+	{"nodes_gone_s", "scale-down to 0 Nodes (s)", func(r runResult) float64 { return r.NodesGoneS }, true, true, false},
+	{"cpu_s", "process CPU (s)", func(r runResult) float64 { return r.CPUS }, true, false, false},
+	{"peak_rss_mib", "process peak RSS (MiB)", func(r runResult) float64 { return r.PeakRSSMiB }, true, false, false},
+	{"hub_writes_per_node", "writes/node to the hub", func(r runResult) float64 { return r.HubWritesPerNode }, false, false, false},
+	{"spoke_writes_per_node", "writes/node to the spoke", func(r runResult) float64 { return r.SpokeWritesPerNode }, true, false, false},
+	{"world_cpu_s", "world CPU: API servers, CAPI, sims (s)", func(r runResult) float64 { return r.WorldCPUS }, true, true, true},
+	{"total_cpu_s", "CPU, process + world (s)", func(r runResult) float64 { return r.CPUS + r.WorldCPUS }, true, true, false},
+	// Per node and per side: what holds on any machine.
+	{"hub_cpu_per_node_s", "CPU/node, management side (s)", func(r runResult) float64 { return r.HubCPUS / float64(r.N) }, false, true, true},
+	{"workload_cpu_per_node_s", "CPU/node, workload side (s)", func(r runResult) float64 { return r.WorkloadCPUS / float64(r.N) }, true, true, true},
+	{"sides_cpu_per_node_s", "CPU/node, both sides (s)", func(r runResult) float64 { return (r.HubCPUS + r.WorkloadCPUS) / float64(r.N) }, true, true, true},
+	{"provider_cpu_per_node_s", "CPU/node, Karpenter process (s)", func(r runResult) float64 { return r.CPUS / float64(r.N) }, true, false, false},
+	{"harness_cpu_per_node_s", "CPU/node, bench process (s)", func(r runResult) float64 { return r.HarnessCPUS / float64(r.N) }, false, true, false},
+	{"hub_requests_per_node", "hub API requests/node (all clients)", func(r runResult) float64 { return r.HubRequestsPerNode }, false, true, true},
+	{"hub_api_writes_per_node", "hub API writes/node (all clients)", func(r runResult) float64 { return r.HubAPIWritesPerNode }, false, true, true},
+	{"spoke_requests_per_node", "spoke API requests/node (all clients)", func(r runResult) float64 { return r.SpokeRequestsPerNode }, true, true, true},
+	{"spoke_api_writes_per_node", "spoke API writes/node (all clients)", func(r runResult) float64 { return r.SpokeAPIWritesPerNode }, true, true, true},
 }
 
 // printSideBySide prints per N a table with a column per contender (the
@@ -347,7 +423,7 @@ func printSideBySide(out io.Writer, results []runResult) {
 	for _, n := range ns {
 		rs := byN[n]
 		k, hasKWOK := kwokOf(results, n)
-		fmt.Fprintf(out, "\nside by side, N = %d (infrastructure delay %.0fs; load at start %s; capi-*: Cluster API floors, no Karpenter, times to Nodes Ready)\n", n, rs[0].DelayS, rs[0].LoadAvg)
+		fmt.Fprintf(out, "\nside by side, N = %d, placement %s (infrastructure delay %.0fs; load at start %s; capi-*: Cluster API floors, no Karpenter, times to Nodes Ready)\n", n, placementLabel(rs[0]), rs[0].DelayS, rs[0].LoadAvg)
 		fmt.Fprintf(out, "%-40s", "figure")
 		for _, r := range rs {
 			fmt.Fprintf(out, " | %-20s", r.Contender)
@@ -370,7 +446,16 @@ func printSideBySide(out io.Writer, results []runResult) {
 		}
 		fmt.Fprintln(out)
 		printRatios(out, n, rs)
+		printRequestBreakdown(out, rs)
 	}
+}
+
+// placementLabel names a run's placement with its CPU sets.
+func placementLabel(r runResult) string {
+	if r.HubCPUSet != "" {
+		return fmt.Sprintf("%s (management side on CPUs %s, workload side and Karpenter on %s)", r.Placement, r.HubCPUSet, r.WorkloadCPUSet)
+	}
+	return r.Placement
 }
 
 // printRatios prints the ratios block of one N (nothing without a mode).
@@ -385,9 +470,10 @@ func printRatios(out io.Writer, n int, rs []runResult) {
 		return
 	}
 	fmt.Fprintf(out, "ratios, N = %d: each mode to kwok, to its Cluster API floor (machinedeployment: capi-md, machine: capi-machines), "+
-		"and to max(kwok, floor), what a provider overlapping Karpenter's decisions with Cluster API's work entirely would reach\n", n)
-	fmt.Fprintf(out, "%-40s | %-17s | %8s | %8s | %15s | %8s\n", "figure", "mode", "/kwok", "/floor", "max(kwok,floor)", "/max")
-	fmt.Fprintln(out, strings.Repeat("-", 40+3+17+3+8+3+8+3+15+3+8))
+		"to max(kwok, floor), what a provider overlapping Karpenter's decisions with Cluster API's work entirely would reach, "+
+		"and for the world's work to kwok's plus the floor's\n", n)
+	fmt.Fprintf(out, "%-40s | %-17s | %8s | %8s | %15s | %8s | %10s | %8s\n", "figure", "mode", "/kwok", "/floor", "max(kwok,floor)", "/max", "kwok+floor", "/sum")
+	fmt.Fprintln(out, strings.Repeat("-", 40+3+17+3+8+3+8+3+15+3+8+3+10+3+8))
 	show := func(v *float64, format string) string {
 		if v == nil {
 			return "-"
@@ -401,8 +487,8 @@ func printRatios(out io.Writer, n int, rs []runResult) {
 			if !ok {
 				continue
 			}
-			fmt.Fprintf(out, "%-40s | %-17s | %8s | %8s | %15s | %8s\n", label, m.Contender,
-				show(fr.ToKWOK, "%.2fx"), show(fr.ToFloor, "%.2fx"), show(fr.Max, "%.4g"), show(fr.ToMax, "%.2fx"))
+			fmt.Fprintf(out, "%-40s | %-17s | %8s | %8s | %15s | %8s | %10s | %8s\n", label, m.Contender,
+				show(fr.ToKWOK, "%.2fx"), show(fr.ToFloor, "%.2fx"), show(fr.Max, "%.4g"), show(fr.ToMax, "%.2fx"), show(fr.Sum, "%.4g"), show(fr.ToSum, "%.2fx"))
 			label = ""
 		}
 	}

@@ -81,8 +81,30 @@ type runResult struct {
 	HubWritesPerNode   float64 `json:"hub_writes_per_node"`
 	SpokeWritesPerNode float64 `json:"spoke_writes_per_node"`
 	// CPU of everything else (API servers, etcd, scheduler, Cluster API,
-	// simulated AWS and kubelet) over the run.
+	// simulated AWS and kubelet, the bench's own watches) over the run.
 	WorldCPUS float64 `json:"world_cpu_s"`
+	// Placement of the world (BENCH_PLACEMENT) and, when separated, the CPU
+	// sets of its sides.
+	Placement      string `json:"placement"`
+	HubCPUSet      string `json:"hub_cpus,omitempty"`
+	WorkloadCPUSet string `json:"workload_cpus,omitempty"`
+	// CPU over the run of the management side (hub API server, etcd, and
+	// in a split world Cluster API and the simulated AWS), of the workload
+	// side (spoke API server, etcd, scheduler, controller manager, and in a
+	// split world the simulated kubelet) and of this test process (the
+	// bench's watches and a floor's writes; in process also Cluster API and
+	// the simulators).
+	HubCPUS      float64 `json:"hub_cpu_s"`
+	WorkloadCPUS float64 `json:"workload_cpu_s"`
+	HarnessCPUS  float64 `json:"harness_cpu_s"`
+	// Requests per node each API server served (WATCH aside), and its
+	// writes, from its own apiserver_request_total: every client's.
+	HubRequestsPerNode    float64 `json:"hub_requests_per_node"`
+	HubAPIWritesPerNode   float64 `json:"hub_api_writes_per_node"`
+	SpokeRequestsPerNode  float64 `json:"spoke_requests_per_node"`
+	SpokeAPIWritesPerNode float64 `json:"spoke_api_writes_per_node"`
+	// Cost holds the same by side and by verb and resource.
+	Cost runCost `json:"cost"`
 	// Most objects seen at once: must be exactly N.
 	PeakNodeClaims int `json:"peak_nodeclaims"`
 	PeakNodes      int `json:"peak_nodes"`
@@ -117,7 +139,7 @@ var contenders = map[string]contender{
 		if err := installKWOKCRD(); err != nil {
 			return nil, nil, err
 		}
-		types, err := kwokInstanceTypes(w.Dir, w.AWS.Zones(), benchPrice)
+		types, err := kwokInstanceTypes(w.Dir, w.Zones(), benchPrice)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -210,6 +232,16 @@ type benchOptions struct {
 	N          int
 	Delay      time.Duration
 	ProfileDir string // CPU profiles of the contender's process, when set
+	// RunTimeout bounds each wait of a run (BENCH_RUN_TIMEOUT); zero: 10
+	// minutes, or 3 s per node when longer.
+	RunTimeout time.Duration
+}
+
+func (o benchOptions) runTimeout() time.Duration {
+	if o.RunTimeout > 0 {
+		return o.RunTimeout
+	}
+	return max(10*time.Minute, time.Duration(o.N)*3*time.Second)
 }
 
 // runBurst runs one contender: N single-pod nodes from zero and back to zero.
@@ -219,8 +251,8 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	defer cancel()
 	pool := fmt.Sprintf("sbs-%s-%d", c.name, o.N)
 	app := "app-" + pool
-	w.AWS.SetProvisionDelay(o.Delay)
-	defer w.AWS.SetProvisionDelay(0)
+	setProvisionDelay(tb, o.Delay)
+	defer setProvisionDelay(tb, 0)
 
 	p, cleanup, err := c.setup(tb, ctx, pool, o.Delay)
 	if err != nil {
@@ -243,7 +275,7 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 		tb.Fatal("caches did not sync")
 	}
 
-	r := runResult{Contender: c.name, N: o.N, DelayS: o.Delay.Seconds(), LoadAvg: loadAvg()}
+	r := newRunResult(c.name, o)
 	if benchBatch.idle != "" {
 		r.Batch = benchBatch.idle + "/" + benchBatch.max
 	}
@@ -256,6 +288,10 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	}
 	cpu0, _, _ := procCPU(p.Pid())
 	world0 := worldCPU(p.Pid())
+	cost0, err := takeCost(ctx, p.Pid())
+	if err != nil {
+		tb.Fatal(err)
+	}
 	var profWG sync.WaitGroup
 	profDone := make(chan struct{})
 	if o.ProfileDir != "" {
@@ -266,7 +302,7 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	start := time.Now()
 	tl.countSurplus(true)
 	d := deployment(tb, pool, app, int32(o.N), "1500m")
-	timeout := max(10*time.Minute, time.Duration(o.N)*3*time.Second)
+	timeout := o.runTimeout()
 	if err := WaitFor(ctx, timeout, func(context.Context) (bool, error) { return tl.now("pod-running") >= o.N, nil }); err != nil {
 		close(profDone)
 		tb.Fatalf("%s: %d pods: %v; running %d, nodeclaims %d, nodes %d, machines %d (log %s)", c.name, o.N, err,
@@ -311,6 +347,11 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	cpu1, _, _ := procCPU(p.Pid())
 	r.CPUS = cpu1 - cpu0
 	r.WorldCPUS = worldCPU(p.Pid()) - world0
+	cost1, err := takeCost(ctx, p.Pid())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r.setCost(cost1.since(cost0))
 	if r.PeakRSSMiB, err = peakRSSMiB(p.Pid()); err != nil {
 		tb.Fatal(err)
 	}
@@ -321,6 +362,25 @@ func runBurst(tb testing.TB, c contender, o benchOptions) runResult {
 	r.Breakdown, r.ClaimWaves = breakdown(tl, start)
 	r.MachineZones = tl.zoneCounts()
 	return r
+}
+
+// newRunResult starts a run's result: contender, N, delay, placement and
+// the load average at its start.
+func newRunResult(contender string, o benchOptions) runResult {
+	r := runResult{Contender: contender, N: o.N, DelayS: o.Delay.Seconds(), LoadAvg: loadAvg(), Placement: benchPlacement}
+	if benchSplit != nil {
+		r.HubCPUSet, r.WorkloadCPUSet = benchSplit.HubCPUs.String(), benchSplit.WorkloadCPUs.String()
+	}
+	return r
+}
+
+// setProvisionDelay sets the simulated instances' boot time (the world's
+// side process's in a split world).
+func setProvisionDelay(tb testing.TB, d time.Duration) {
+	tb.Helper()
+	if err := w.SetProvisionDelay(d); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // nth is the n-th smallest of sorted values (the time the n-th object

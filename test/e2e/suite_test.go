@@ -23,6 +23,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	world.RunSideIfAsked() // the side processes of a split world (BENCH_PLACEMENT)
 	flag.Parse()
 	os.Exit(run(m))
 }
@@ -51,7 +52,12 @@ func run(m *testing.M) int {
 		bin, err = BuildProvider(dir)
 		built <- err
 	}()
-	w, err = world.Start(ctx, world.Options{})
+	opts, err := suitePlacement()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	w, err = world.Start(ctx, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting the world:", err)
 		return 1

@@ -222,6 +222,27 @@ func rawRESTConfig(cfg *rest.Config) *rest.Config {
 	return cfg
 }
 
+// Pids are the process ids of this cluster's kube-apiserver and etcd.
+func (c *Cluster) Pids() (apiServer, etcd int, err error) {
+	c.mu.Lock()
+	restarted, killed := c.restarted, c.apiServerArgs != nil
+	c.mu.Unlock()
+	switch {
+	case restarted != nil:
+		apiServer = restarted.Process.Pid
+	case killed: // down for now: no API server
+	default:
+		if apiServer, _, err = c.findAPIServer(); err != nil {
+			return 0, 0, err
+		}
+	}
+	if c.Env.ControlPlane.Etcd == nil || c.Env.ControlPlane.Etcd.URL == nil {
+		return apiServer, 0, fmt.Errorf("%s: etcd has no client URL", c.Name)
+	}
+	etcd, _, err = c.findChild("etcd", "--listen-client-urls="+c.Env.ControlPlane.Etcd.URL.String())
+	return apiServer, etcd, err
+}
+
 // findAPIServer finds this cluster's kube-apiserver among this process's
 // children by its secure port, and returns its pid and command line.
 func (c *Cluster) findAPIServer() (int, []string, error) {
@@ -229,7 +250,12 @@ func (c *Cluster) findAPIServer() (int, []string, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	portFlag := "--secure-port=" + u.Port()
+	return c.findChild("kube-apiserver", "--secure-port="+u.Port())
+}
+
+// findChild finds the child of this process running binary with flag (an
+// exact argument) and returns its pid and command line.
+func (c *Cluster) findChild(binary, flag string) (int, []string, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, nil, fmt.Errorf("finding %s API server: %w", c.Name, err)
@@ -245,12 +271,12 @@ func (c *Cluster) findAPIServer() (int, []string, error) {
 			continue
 		}
 		args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
-		if filepath.Base(args[0]) != "kube-apiserver" || !slices.Contains(args, portFlag) || parentOf(pid) != me {
+		if filepath.Base(args[0]) != binary || !slices.Contains(args, flag) || parentOf(pid) != me {
 			continue
 		}
 		return pid, args, nil
 	}
-	return 0, nil, fmt.Errorf("%s API server (%s) not found among the processes of pid %d", c.Name, portFlag, me)
+	return 0, nil, fmt.Errorf("%s %s (%s) not found among the processes of pid %d", c.Name, binary, flag, me)
 }
 
 func parentOf(pid int) int {

@@ -135,7 +135,7 @@ func (w *World) startCAPA(ctx context.Context, o *CAPAOptions) error {
 		// CAPA looks for its own namespace here (leader election, static identities).
 		"POD_NAMESPACE=capa-system",
 	}
-	if m.proc, err = startProcessWithEnv("cluster-api-provider-aws", o.Binary, args, awsFreeEnv(env), filepath.Join(w.Dir, "capa.log")); err != nil {
+	if m.proc, err = startProcessWithEnv("cluster-api-provider-aws", o.Binary, args, awsFreeEnv(env), filepath.Join(w.Dir, "capa.log"), nil); err != nil {
 		return err
 	}
 	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) {

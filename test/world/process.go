@@ -18,6 +18,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	"github.com/autonode/karpenter-clusterapi/test/placement"
 )
 
 // process is a component binary run as a subprocess in its own process group.
@@ -29,12 +31,13 @@ type process struct {
 	err     error
 }
 
-func startProcess(name, bin string, args []string, logPath string) (*process, error) {
-	return startProcessWithEnv(name, bin, args, nil, logPath)
+func startProcess(name, bin string, args []string, logPath string, cpus placement.CPUs) (*process, error) {
+	return startProcessWithEnv(name, bin, args, nil, logPath, cpus)
 }
 
 // startProcessWithEnv is startProcess with an environment (nil: the test's).
-func startProcessWithEnv(name, bin string, args, env []string, logPath string) (*process, error) {
+// cpus pins it (none: anywhere).
+func startProcessWithEnv(name, bin string, args, env []string, logPath string, cpus placement.CPUs) (*process, error) {
 	// Appended: a component restarted after an outage keeps its earlier log.
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -46,7 +49,7 @@ func startProcessWithEnv(name, bin string, args, env []string, logPath string) (
 	// Own process group, so Stop can signal everything it spawned; die with
 	// the test process if that is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := placement.Start(cmd, cpus); err != nil {
 		_ = logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
@@ -57,6 +60,13 @@ func startProcessWithEnv(name, bin string, args, env []string, logPath string) (
 		close(p.done)
 	}()
 	return p, nil
+}
+
+func (p *process) pid() int {
+	if p == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }
 
 func (p *process) exited() bool {
@@ -119,7 +129,7 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 		schedArgs = []string{"--config=" + path, "--secure-port=0", "--v=2"}
 	}
 	wc.scheduler, err = startProcess("kube-scheduler"+wc.logSuffix, schedBin, schedArgs,
-		filepath.Join(w.Dir, "kube-scheduler"+wc.logSuffix+".log"))
+		filepath.Join(w.Dir, "kube-scheduler"+wc.logSuffix+".log"), w.workloadCPUs())
 	if err != nil {
 		return err
 	}
@@ -145,7 +155,7 @@ func (w *World) startSpokeComponents(ctx context.Context, wc *WorkloadCluster) e
 		"--use-service-account-credentials=false",
 		"--concurrent-deployment-syncs=5",
 		"--v=1",
-	}, filepath.Join(w.Dir, "kube-controller-manager"+wc.logSuffix+".log"))
+	}, filepath.Join(w.Dir, "kube-controller-manager"+wc.logSuffix+".log"), w.workloadCPUs())
 	if err != nil {
 		return err
 	}

@@ -94,6 +94,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/autonode/karpenter-clusterapi/test/environment"
+	"github.com/autonode/karpenter-clusterapi/test/placement"
 	"github.com/autonode/karpenter-clusterapi/test/world/ec2sim"
 )
 
@@ -142,6 +143,12 @@ type Options struct {
 	// has not run yet before it starts a Pod's containers (default 0: at
 	// once). A real node pulls every image of its first Pods.
 	ImagePullDelay time.Duration
+	// Split, when set, runs the world's two sides in processes of their
+	// own, each on its CPU set (split.go). Not with Published, CAPA or
+	// AddCluster; the setters of the in-process simulators (World.AWS, the
+	// kubelet's delays and join mode) are then unavailable, except
+	// SetProvisionDelay.
+	Split *SplitOptions
 }
 
 // AuditedGroup is the group whose users' requests the hub's API server
@@ -195,6 +202,11 @@ type World struct {
 	imagePullDelay atomic.Int64
 	// kubeletJoin is SetKubeletJoin's JoinMode.
 	kubeletJoin atomic.Int32
+	// zones are Options.Zones.
+	zones []string
+	// split is Options.Split; hubSide and kubeletSide its side processes.
+	split                *SplitOptions
+	hubSide, kubeletSide *sideProcess
 	// kubeletHold is HoldKubeletJoin's.
 	kubeletHold atomic.Bool
 	stopOnce    sync.Once
@@ -234,6 +246,12 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	if len(o.Zones) == 0 {
 		o.Zones = DefaultZones
 	}
+	if os.Getenv(sideEnv) != "" {
+		return nil, errors.New("a side process of a split world must not start a world: call world.RunSideIfAsked first thing in TestMain")
+	}
+	if o.Split != nil && (o.Published || o.CAPA != nil || o.Logger != nil) {
+		return nil, errors.New("a split world runs neither Published clusters, nor CAPA, nor a caller's Logger")
+	}
 	dir, err := os.MkdirTemp("", "world-")
 	if err != nil {
 		return nil, err
@@ -243,10 +261,14 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 		BootstrapSecretName: o.ClusterName + "-bootstrap",
 		HubAuditLog:         filepath.Join(dir, "hub-audit.log"),
 		SpokeAuditLog:       filepath.Join(dir, "spoke-audit.log"),
+		zones:               append([]string(nil), o.Zones...),
+		split:               o.Split,
 	}
 	w.nodeReadyDelay.Store(int64(o.NodeReadyDelay))
 	w.imagePullDelay.Store(int64(o.ImagePullDelay))
-	if o.CAPA == nil {
+	if o.Split != nil {
+		// The hub side process runs the simulated AWS.
+	} else if o.CAPA == nil {
 		w.AWS = newSimAWS(append([]string(nil), o.Zones...), o.ProvisionDelay)
 		w.instances = w.AWS
 	} else {
@@ -306,50 +328,15 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	first := &WorkloadCluster{Namespace: w.Namespace, Name: w.ClusterName, Spoke: w.Spoke, SpokeKubeconfig: w.SpokeKubeconfig, BootstrapSecretName: w.BootstrapSecretName}
 	w.clusters = append(w.clusters, first)
 
-	// Controllers: the hub's controller manager and the simulated kubelet.
-	mctx, cancel := context.WithCancel(context.Background())
-	w.cancel = cancel
-	mctx = ctrl.LoggerInto(mctx, log)
-	w.mctx = mctx
-	if o.Published {
-		if err := enablePublished(); err != nil {
+	if o.Split != nil {
+		if err := w.startSides(ctx, o, first); err != nil {
 			return w, err
 		}
-	}
-	if w.hub, err = newHubManager(mctx, w.Hub.Config, log.WithName("capi"), o.Published); err != nil {
-		return w, err
-	}
-	if o.Published {
-		// Before the controllers start: a controller watching a kind its
-		// manager's REST mapper did not know at start may never see it.
-		if err := w.installPublishedCRDs(); err != nil {
+		phase("side processes serving")
+		if err := w.waitWebhooksActive(ctx); err != nil {
 			return w, err
 		}
-	}
-	managers := []ctrl.Manager{w.hub.mgr}
-	if w.AWS != nil {
-		awsMgr, err := newAWSManager(w.Hub.Config, w.AWS, log.WithName("aws"))
-		if err != nil {
-			return w, err
-		}
-		managers = append(managers, awsMgr)
-	}
-	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, w.pullDelay, w.joinMode, w.kubeletHeld, log.WithName("kubelet"))
-	if err != nil {
-		return w, err
-	}
-	bootMgr, err := newBootstrapManager(w.Hub.Config, log.WithName("bootstrap"))
-	if err != nil {
-		return w, err
-	}
-	for _, m := range append(managers, spokeMgr, bootMgr) {
-		w.startManager(m)
-	}
-	phase("managers started")
-	if err := w.hub.installWebhooks(ctx, w.Hub.Config); err != nil {
-		return w, fmt.Errorf("installing Cluster API webhooks: %w", err)
-	}
-	if err := w.waitWebhooksActive(ctx); err != nil {
+	} else if err := w.startInProcess(ctx, o, first); err != nil {
 		return w, err
 	}
 	phase("webhooks active")
@@ -379,6 +366,61 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 	return w, nil
 }
 
+// startInProcess runs the world's controllers and simulators in this
+// process: the hub's controller manager (and webhooks), the simulated AWS,
+// kubelet and bootstrap provider.
+func (w *World) startInProcess(ctx context.Context, o Options, first *WorkloadCluster) error {
+	log := w.log
+	var err error
+	// Controllers: the hub's controller manager and the simulated kubelet.
+	mctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	mctx = ctrl.LoggerInto(mctx, log)
+	w.mctx = mctx
+	if o.Published {
+		if err := enablePublished(); err != nil {
+			return err
+		}
+	}
+	if w.hub, err = newHubManager(mctx, w.Hub.Config, log.WithName("capi"), o.Published); err != nil {
+		return err
+	}
+	if o.Published {
+		// Before the controllers start: a controller watching a kind its
+		// manager's REST mapper did not know at start may never see it.
+		if err := w.installPublishedCRDs(); err != nil {
+			return err
+		}
+	}
+	managers := []ctrl.Manager{w.hub.mgr}
+	if w.AWS != nil {
+		awsMgr, err := newAWSManager(w.Hub.Config, w.AWS, log.WithName("aws"))
+		if err != nil {
+			return err
+		}
+		managers = append(managers, awsMgr)
+	}
+	spokeMgr, err := newSpokeManager(w.Spoke.Config, w.instances, w.clusterKey(first), w.readyDelay, w.pullDelay, w.joinMode, w.kubeletHeld, log.WithName("kubelet"))
+	if err != nil {
+		return err
+	}
+	bootMgr, err := newBootstrapManager(w.Hub.Config, log.WithName("bootstrap"))
+	if err != nil {
+		return err
+	}
+	for _, m := range append(managers, spokeMgr, bootMgr) {
+		w.startManager(m)
+	}
+	log.WithName("world").Info("start phase done", "phase", "managers started")
+	if err := w.hub.installWebhooks(ctx, w.Hub.Config); err != nil {
+		return fmt.Errorf("installing Cluster API webhooks: %w", err)
+	}
+	if err := w.waitWebhooksActive(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
 // startManager runs a controller manager until the world stops.
 func (w *World) startManager(m ctrl.Manager) {
 	done := make(chan error, 1)
@@ -404,10 +446,31 @@ func (w *World) startAPIServers(workloadCRDs bool) error {
 	var wg sync.WaitGroup
 	var hubErr, spokeErr error
 	wg.Add(2)
-	go func() { defer wg.Done(); w.Hub, hubErr = environment.StartHub(audit) }()
-	go func() { defer wg.Done(); w.Spoke, spokeErr = startSpoke() }()
+	go func() {
+		defer wg.Done()
+		hubErr = placement.Do(w.hubCPUs(), func() (err error) { w.Hub, err = environment.StartHub(audit); return err })
+	}()
+	go func() {
+		defer wg.Done()
+		spokeErr = placement.Do(w.workloadCPUs(), func() (err error) { w.Spoke, err = startSpoke(); return err })
+	}()
 	wg.Wait()
 	return errors.Join(hubErr, spokeErr)
+}
+
+// hubCPUs and workloadCPUs are the CPU sets of the two sides (none: anywhere).
+func (w *World) hubCPUs() placement.CPUs {
+	if w.split == nil {
+		return nil
+	}
+	return w.split.HubCPUs
+}
+
+func (w *World) workloadCPUs() placement.CPUs {
+	if w.split == nil {
+		return nil
+	}
+	return w.split.WorkloadCPUs
 }
 
 // newAWSManager runs the AWS simulator against the hub in a manager of its
@@ -520,7 +583,7 @@ func (w *World) createHubObjects(ctx context.Context, wc *WorkloadCluster) error
 		awsCluster = &infrav1.AWSCluster{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: infrav1.AWSClusterSpec{
-				Region:               w.AWS.Region(),
+				Region:               regionOf(w.zones[0]),
 				ControlPlaneEndpoint: clusterv1beta1.APIEndpoint{Host: host, Port: int32(port)},
 			},
 		}
@@ -595,7 +658,7 @@ func (w *World) CreateAWSMachineTemplate(ctx context.Context, name, instanceType
 // LogFiles returns the world's log files.
 func (w *World) LogFiles() []string {
 	var out []string
-	files := []string{"world.log", "capa.log", filepath.Base(w.SpokeAuditLog)}
+	files := []string{"world.log", "world-hub.log", "world-kubelet.log", "capa.log", filepath.Base(w.SpokeAuditLog)}
 	for _, c := range w.workloadClusters() {
 		files = append(files, "kube-scheduler"+c.logSuffix+".log", "kube-controller-manager"+c.logSuffix+".log")
 	}
@@ -645,6 +708,9 @@ func (w *World) AddClusterIn(ctx context.Context, namespace, name string) (*Work
 	}
 	if w.EC2 != nil {
 		return nil, errors.New("AddCluster: a world with the real CAPA has one Cluster")
+	}
+	if w.split != nil {
+		return nil, errors.New("AddCluster: a split world has one Cluster")
 	}
 	t0 := time.Now()
 	spoke, err := environment.StartSpoke()
@@ -734,6 +800,7 @@ func (w *World) Stop() error {
 			errs = append(errs, c.stopSpokeComponents())
 		}
 		errs = append(errs, w.capa.stop())
+		errs = append(errs, w.stopSides())
 		if w.cancel != nil {
 			w.cancel()
 			w.mu.Lock()

@@ -28,6 +28,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	world.RunSideIfAsked() // TestSplitWorld's side processes
 	// Keep controller-runtime's global logger quiet; the world logs to files.
 	ctrl.SetLogger(zap.New(zap.WriteTo(discard{})))
 	klog.SetLogger(logr.Discard())
