@@ -73,7 +73,9 @@ func BenchmarkBurst200(b *testing.B) {
 
 	// 1. The infrastructure's own time: a MachineDeployment that is no
 	// Karpenter member, scaled from 0 to 200 directly.
+	floorCPU := worldCPU(provider.Pid())
 	infra := baselineScaleUp(b, ctx, hubCache, spokeCache, "burst-baseline", nodes, delay)
+	floorCPU = worldCPU(provider.Pid()) - floorCPU
 
 	// 2. The burst through Karpenter.
 	pool(b, name)
@@ -84,6 +86,7 @@ func BenchmarkBurst200(b *testing.B) {
 	if err != nil {
 		b.Fatalf("scraping the provider's metrics: %v", err)
 	}
+	world0, proc0 := worldCPU(provider.Pid()), providerCPU(provider.Pid())
 	start := time.Now()
 	d := deployment(b, name, app, nodes, "1500m")
 	var peakMachines int
@@ -147,8 +150,13 @@ func BenchmarkBurst200(b *testing.B) {
 		return c.NodeClaims == 0 && c.Machines == 0 && c.Nodes == 0
 	})
 	if afterDown, err := provider.Writes(); err == nil {
-		t, h, _ := afterDown.sub(beforeDown).writes()
+		down := afterDown.sub(beforeDown)
+		t, h, _ := down.writes()
 		fmt.Printf("  scale-down to an empty pool took %s; writes per node %.2f (hub %.2f)\n", time.Since(downStart).Round(time.Second), t/nodes, h/nodes)
+		fmt.Printf("  world CPU (API servers, Cluster API, simulators) up and down: %.1f s (%.2f s/node); the provider process: %.1f s; Cluster API alone 0 -> %d -> 0: %.1f s\n",
+			worldCPU(provider.Pid())-world0, (worldCPU(provider.Pid())-world0)/nodes, providerCPU(provider.Pid())-proc0, nodes, floorCPU)
+		fmt.Printf("  hub requests of the burst by verb and kind: %s\n", after.sub(before).hubRequests())
+		fmt.Printf("  hub requests of the scale-down by verb and kind: %s\n", down.hubRequests())
 	}
 }
 
@@ -372,6 +380,28 @@ func (r requestCounts) writes() (total, hub float64, summary string) {
 	return total, hub, strings.Join(parts, " ")
 }
 
+// hubRequests summarizes every request to the hub (reads too: a live
+// list of a MachineDeployment's Machines costs the hub more than a write) by
+// verb and kind.
+func (r requestCounts) hubRequests() string {
+	by := map[string]float64{}
+	for k, v := range r.byKind {
+		if hubGroup(k[1]) {
+			by[k[0]+" "+k[2]] += v
+		}
+	}
+	keys := make([]string, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%.0f", k, by[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
 // parseLabels parses `a="x",b="y"` (values without escaped quotes).
 func parseLabels(s string) map[string]string {
 	out := map[string]string{}
@@ -385,4 +415,13 @@ func parseLabels(s string) map[string]string {
 		s = rest
 	}
 	return out
+}
+
+// providerCPU is the provider process's CPU seconds (0 when unreadable).
+func providerCPU(pid int) float64 {
+	cpu, _, err := procCPU(pid)
+	if err != nil {
+		return 0
+	}
+	return cpu
 }

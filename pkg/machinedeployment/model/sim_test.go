@@ -69,6 +69,9 @@ type claimState struct {
 // nodes").
 const launchTimeout = 45 * time.Second
 
+// moveAfter is the provider's MoveAfter in the model: within launchTimeout.
+const moveAfter = 15 * time.Second
+
 // world is the simulation.
 type world struct {
 	t     testing.TB
@@ -218,6 +221,9 @@ func (w *world) restartLagging() {
 	w.provider = machinedeployment.NewProvider(w.hub.Hub, nil, w.store, w.unavailable)
 	w.provider.SetClock(w.clock)
 	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return fired })
+	// Below the model's launch timeout, so that launches move off stalled
+	// MachineSets as core's 5 minutes leave room for the provider's minute.
+	w.provider.MoveAfter = moveAfter
 	w.controller = machinedeployment.NewController(w.provider, w.spoke, w.spoke)
 }
 
@@ -244,8 +250,11 @@ func (w *world) newClaim() string {
 }
 
 // choose picks the cheapest available MachineDeployment, as the cloud
-// provider's cheapest() does on the resolved set.
-func (w *world) choose() (instancetype.Source, error) {
+// provider's cheapest() does on the resolved set. With avoid set (a launch
+// moving off a MachineSet that is behind) it picks the cheapest other one:
+// the model's two MachineDeployments stand for two members of one offering
+// there, so that moves meet every other actor.
+func (w *world) choose(avoid *types.NamespacedName) (instancetype.Source, error) {
 	if err := w.store.Prime(context.Background()); err != nil {
 		return instancetype.Source{}, err
 	}
@@ -254,7 +263,7 @@ func (w *world) choose() (instancetype.Source, error) {
 	for _, srcs := range set.Origins {
 		for i := range srcs {
 			s := srcs[i]
-			if s.Available && (best == nil || s.Price < best.Price) {
+			if s.Available && (avoid == nil || s.Origin != *avoid) && (best == nil || s.Price < best.Price) {
 				best = &s
 			}
 		}
