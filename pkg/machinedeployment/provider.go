@@ -106,7 +106,7 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 			m, err := p.BoundMachine(ctx, claim)
 			return err != nil || m != nil // an error is no proof of none
 		},
-		queues:  map[types.NamespacedName]*writeQueue{},
+		queues: map[types.NamespacedName]*writeQueue{},
 	}
 	p.infraWatch = launch.NewInfraWatch(h, p.claimOfInfra, p.waiters.Notify)
 	return p
