@@ -104,6 +104,11 @@ type world struct {
 	removedRunning []string
 	failures       []string
 	synced         time.Time // when the cache last caught up
+	// liveMachineLists counts the provider's lists of Machines from the
+	// API server (the cache's do not pass the interceptor).
+	liveMachineLists atomic.Int64
+	// listing is set while the world itself lists Machines (checks).
+	listing atomic.Int32
 	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
 	// write the provider makes.
 	trace func(string)
@@ -334,6 +339,8 @@ func (w *world) failf(format string, args ...any) {
 
 func (w *world) machines() []clusterv1.Machine {
 	list := &clusterv1.MachineList{}
+	w.listing.Add(1)
+	defer w.listing.Add(-1)
 	w.must(w.hub.API.List(context.Background(), list))
 	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
 	return list.Items
