@@ -64,15 +64,16 @@ func (p *Provider) moveIfBehind(ctx context.Context, claim string, md types.Name
 		return nil, nil // no other member, or it is behind too: the launch waits here
 	}
 	to := src.Origin
-	record(to) // before the move: a retry after an ambiguous move reserves there
+	// Recorded before the move, so that a retry after an ambiguous move
+	// raises there. Where the move is refused, the record is read only
+	// once the reservation is gone (it is found first), as for any raise.
+	record(to)
 	in := &intent{kind: intentMove, claim: claim}
 	if err := p.writer.do(ctx, md, in); err != nil {
-		record(md)
 		return nil, fmt.Errorf("moving the reservation of NodeClaim %s off MachineDeployment %s: %w", claim, md, err)
 	}
 	if !in.done {
-		record(md) // bound meanwhile, or a Machine for it is there: it stays
-		return nil, nil
+		return nil, nil // bound meanwhile, or a Machine for it is there: it stays
 	}
 	failpoint.Crash(StepMove)
 	metrics.OrphansReleased.WithLabelValues("moved").Inc()
