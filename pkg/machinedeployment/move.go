@@ -87,10 +87,11 @@ func (p *Provider) moveIfBehind(ctx context.Context, claim string, md types.Name
 				claim, p.now().Sub(at).Round(time.Second), to))
 		}
 	}
-	if err := p.reserve(ctx, claim, &to, record, choose); err != nil {
+	reserved, err := p.reserve(ctx, claim, &to, record, choose)
+	if err != nil {
 		return &to, err
 	}
-	return &to, nil
+	return reserved, nil
 }
 
 // behind reports whether a MachineDeployment's MachineSet is behind its

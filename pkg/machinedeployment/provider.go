@@ -178,16 +178,21 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 				return nil, err
 			}
 			if reserved == nil {
-				if err := p.reserve(ctx, claim, chosen, record, choose); err != nil {
+				origin, err := p.reserve(ctx, claim, chosen, record, choose)
+				if err != nil {
 					return nil, err
 				}
+				// The cache may not show the reservation yet: its place and
+				// (about) its stamp are known.
+				chosen, moveAt = origin, p.now().Add(p.MoveAfter)
 			} else {
 				to, err := p.moveIfBehind(ctx, claim, *reserved, at, record, choose)
 				if err != nil {
 					return nil, err
 				}
 				if to != nil {
-					chosen = to // the cache may not show the new reservation yet
+					// The cache may not show the new reservation yet.
+					chosen, moveAt = to, p.now().Add(p.MoveAfter)
 				} else if !at.IsZero() && at.Add(p.MoveAfter).After(p.now()) {
 					moveAt = at.Add(p.MoveAfter)
 				}
@@ -203,7 +208,8 @@ func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.N
 
 // reserve reserves a replica for the claim on the MachineDeployment chosen
 // before, or, when that one is gone or cannot be used now, on a new choice.
-func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose Choose) error {
+// It returns the MachineDeployment reserved on.
+func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose Choose) (*types.NamespacedName, error) {
 	origin := chosen
 	if origin != nil && !p.usable(*origin) {
 		origin = nil // gone, no longer a member, or its records unreadable: choose again
@@ -211,7 +217,7 @@ func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.Name
 	if origin == nil {
 		src, err := choose(nil)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		origin = &src.Origin
 		record(src.Origin)
@@ -219,12 +225,12 @@ func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.Name
 	}
 	in := &intent{kind: intentReserve, claim: claim}
 	if err := p.writer.do(ctx, *origin, in); err != nil {
-		return fmt.Errorf("reserving a replica of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
+		return nil, fmt.Errorf("reserving a replica of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
 	}
 	if in.err != nil {
 		// At max-size, or the MachineDeployment cannot be used: Karpenter
 		// re-plans on another offering.
-		return cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, in.err))
+		return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, in.err))
 	}
 	if in.took != "" {
 		metrics.OrphansReleased.WithLabelValues("taken_over").Inc()
@@ -233,7 +239,7 @@ func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.Name
 		p.wake(*origin)
 	}
 	failpoint.Crash(StepReserve)
-	return nil
+	return origin, nil
 }
 
 // usable reports whether a MachineDeployment is offered now: in the store
