@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -60,8 +61,8 @@ func (p *Provider) moveIfBehind(ctx context.Context, claim string, md types.Name
 		return nil, nil
 	}
 	src, err := choose(&md)
-	if err != nil || src.Origin == md || !p.usable(src.Origin) || p.behind(ctx, src.Origin) {
-		return nil, nil // no other member, or it is behind too: the launch waits here
+	if err != nil || src.Origin == md || !p.usable(src.Origin) || p.behind(ctx, src.Origin) || p.full(ctx, src.Origin) {
+		return nil, nil // no other member, or it is behind or full too: the launch waits here
 	}
 	to := src.Origin
 	// Recorded before the move, so that a retry after an ambiguous move
@@ -129,4 +130,16 @@ func (p *Provider) behind(ctx context.Context, key types.NamespacedName) bool {
 		}
 	}
 	return false
+}
+
+// full reports whether a MachineDeployment cannot be raised (at its
+// max-size, or its size annotations unreadable), from the cache: a launch
+// moved there would be refused and deleted by core.
+func (p *Provider) full(ctx context.Context, key types.NamespacedName) bool {
+	md := &clusterv1.MachineDeployment{}
+	if err := p.hub.GetCache().Get(ctx, key, md, client.UnsafeDisableDeepCopy); err != nil {
+		return true
+	}
+	_, maxSize, hasMax, err := sizeBounds(md)
+	return err != nil || hasMax && ptr.Deref(md.Spec.Replicas, 0)+1 > maxSize
 }
