@@ -66,15 +66,21 @@ func (p *Provider) moveIfBehind(ctx context.Context, claim string, md types.Name
 	}
 	to := src.Origin
 	// Recorded before the move, so that a retry after an ambiguous move
-	// raises there. Where the move is refused, the record is read only
-	// once the reservation is gone (it is found first), as for any raise.
+	// raises there, and back when the NodeClaim stays: a Machine bound to
+	// it here that the cache does not show (bound by the process before a
+	// restart) keeps a retry from raising anywhere (the reserving write
+	// sees it), which it would not on the other MachineDeployment.
 	record(to)
 	in := &intent{kind: intentMove, claim: claim}
 	if err := p.writer.do(ctx, md, in); err != nil {
+		record(md)
 		return nil, fmt.Errorf("moving the reservation of NodeClaim %s off MachineDeployment %s: %w", claim, md, err)
 	}
 	if !in.done {
-		return nil, nil // bound meanwhile, or a Machine for it is there: it stays
+		if in.stays {
+			record(md) // bound meanwhile, or a Machine for it is there
+		}
+		return nil, nil // or the cache was behind: it is reserved elsewhere already
 	}
 	failpoint.Crash(StepMove)
 	metrics.OrphansReleased.WithLabelValues("moved").Inc()

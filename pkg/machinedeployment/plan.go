@@ -75,6 +75,9 @@ type intent struct {
 	raised bool   // intentReserve raised a replica
 	took   string // intentReserve took this free reservation
 	atMin  bool   // a lowering at min-size: owned-1 only, the replica passes on
+	// stays (intentMove): the NodeClaim has a reservation or a bound
+	// Machine here, whether or not it moved.
+	stays bool
 }
 
 // view is what plan reads besides the MachineDeployment: its Machines and
@@ -164,7 +167,7 @@ func (c counts) used(claim string, at time.Time) bool {
 // nothing itself: the writer sends the outcome.
 func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*intent) outcome {
 	for _, in := range intents { // a retry after a conflict decides afresh
-		in.err, in.done, in.raised, in.took, in.atMin = nil, false, false, "", false
+		in.err, in.done, in.raised, in.took, in.atMin, in.stays = nil, false, false, "", false, false
 	}
 	v.free = onceEach(v.free)
 	out := outcome{recs: records{owned: recs.owned, hasOwned: recs.hasOwned, pending: map[string]time.Time{}}}
@@ -334,7 +337,8 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 			}
 		case intentMove:
 			at, ok := out.recs.pending[in.claim]
-			if !ok || at.IsZero() || c.boundTo[in.claim] != nil || v.bound != nil && v.bound(in.claim) || eligibleExists(v, at) {
+			bound := c.boundTo[in.claim] != nil || v.bound != nil && v.bound(in.claim)
+			if in.stays = ok || bound; !ok || at.IsZero() || bound || eligibleExists(v, at) {
 				continue // a Machine is bound to it, or one it can be bound to exists: it stays
 			}
 			delete(out.recs.pending, in.claim)

@@ -232,12 +232,15 @@ func (w *writer) machinesAndSets(ctx context.Context, r client.Reader, md *clust
 
 // needsLive reports whether a plan lowers, hands over, or refuses to do so
 // (a refusal decides what the caller does next: Release deletes a Machine
-// a rollout keeps the lowering off): such a plan is made again on the API
-// server's Machines and MachineSets before anything is sent.
+// a rollout keeps the lowering off), or moves a launch (a Machine bound to
+// the NodeClaim that the cache does not show, by a process before a
+// restart, would keep it: the NodeClaim would be bound twice): such a plan
+// is made again on the API server's Machines and MachineSets before
+// anything is sent.
 func needsLive(intents []*intent) bool {
 	for _, in := range intents {
 		switch in.kind {
-		case intentLower, intentGiveBack, intentStranded, intentSpare:
+		case intentLower, intentGiveBack, intentStranded, intentSpare, intentMove:
 			if in.done || in.atMin || in.err != nil {
 				return true
 			}
