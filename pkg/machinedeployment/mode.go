@@ -65,7 +65,7 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 		nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation] = md.String()
 	}
 	var set *instancetype.Set
-	machine, err := m.p.Launch(ctx, nodeClaim.Name, earlier, record, func() (instancetype.Source, error) {
+	machine, err := m.p.Launch(ctx, nodeClaim.Name, earlier, record, func(avoid *types.NamespacedName) (instancetype.Source, error) {
 		// Resolved at each choice: a failed launch marks its offering
 		// unavailable before the next.
 		var err error
@@ -75,6 +75,11 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 		srcs, err := choose(set)
 		if err != nil {
 			return instancetype.Source{}, err
+		}
+		if avoid != nil {
+			if srcs = without(srcs, *avoid); len(srcs) == 0 {
+				return instancetype.Source{}, fmt.Errorf("NodeClaim %s: no member MachineDeployment of the offering but %s", nodeClaim.Name, avoid)
+			}
 		}
 		return m.p.spread(ctx, nodeClaim.Name, srcs), nil
 	})
@@ -133,4 +138,15 @@ func (m Mode) Release(ctx context.Context, claim string, machine *clusterv1.Mach
 // Drifted reports MachineDeployment-mode drift (see Provider.Drifted).
 func (m Mode) Drifted(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, machine *clusterv1.Machine) (cloudprovider.DriftReason, error) {
 	return m.p.Drifted(ctx, nc, machine)
+}
+
+// without returns srcs without the MachineDeployment md.
+func without(srcs []instancetype.Source, md types.NamespacedName) []instancetype.Source {
+	out := make([]instancetype.Source, 0, len(srcs))
+	for _, s := range srcs {
+		if s.Origin != md {
+			out = append(out, s)
+		}
+	}
+	return out
 }

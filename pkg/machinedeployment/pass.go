@@ -69,6 +69,9 @@ const (
 // claimState reads a NodeClaim from the spoke cache; NotFound is confirmed
 // by a live read (an error is never taken as gone).
 func (c *Controller) claimState(ctx context.Context, name string, live bool) claimState {
+	if isMoved(name) {
+		return claimGone // a launch moved on: no NodeClaim has the key
+	}
 	nc := &karpv1.NodeClaim{}
 	var err error
 	if live {

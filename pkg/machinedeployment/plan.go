@@ -44,6 +44,11 @@ const (
 	// Karpenter's Machine for it). owned-1, replicas unchanged: the
 	// replica is the lowerer's; the NodeClaim raises again.
 	intentStranded
+	// intentMove re-keys the NodeClaim's open reservation as a free one
+	// (movedKey) when no Machine is bound to it and none it could be bound
+	// to exists: its launch reserves on another MachineDeployment. No
+	// count changes.
+	intentMove
 	// intentSpare hands over replicas Karpenter counts but no NodeClaim,
 	// reservation or marked Machine accounts for (a bound Machine someone
 	// else deleted while no process of the provider saw it go), once the
@@ -70,6 +75,9 @@ type intent struct {
 	raised bool   // intentReserve raised a replica
 	took   string // intentReserve took this free reservation
 	atMin  bool   // a lowering at min-size: owned-1 only, the replica passes on
+	// stays (intentMove): the NodeClaim has a reservation or a bound
+	// Machine here, whether or not it moved.
+	stays bool
 }
 
 // view is what plan reads besides the MachineDeployment: its Machines and
@@ -84,6 +92,10 @@ type view struct {
 	// bindable reports whether a Machine has no Node or one that awaits
 	// registration (nil: any Machine without a nodeRef).
 	bindable func(m *clusterv1.Machine) bool
+	// bound reports whether a NodeClaim has a bound Machine, this
+	// process's bindings the cache does not show yet included (nil: the
+	// Machines alone tell).
+	bound func(claim string) bool
 }
 
 // outcome is a planned write.
@@ -155,7 +167,7 @@ func (c counts) used(claim string, at time.Time) bool {
 // nothing itself: the writer sends the outcome.
 func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*intent) outcome {
 	for _, in := range intents { // a retry after a conflict decides afresh
-		in.err, in.done, in.raised, in.took, in.atMin = nil, false, false, "", false
+		in.err, in.done, in.raised, in.took, in.atMin, in.stays = nil, false, false, "", false, false
 	}
 	v.free = onceEach(v.free)
 	out := outcome{recs: records{owned: recs.owned, hasOwned: recs.hasOwned, pending: map[string]time.Time{}}}
@@ -323,6 +335,16 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 				in.done, changed = true, true
 				out.lines = append(out.lines, fmt.Sprintf("%d replica(s) Karpenter counted but no NodeClaim or Machine of its own accounts for left to others (a bound Machine deleted unseen)", n))
 			}
+		case intentMove:
+			at, ok := out.recs.pending[in.claim]
+			bound := c.boundTo[in.claim] != nil || v.bound != nil && v.bound(in.claim)
+			if in.stays = ok || bound; !ok || at.IsZero() || bound || eligibleExists(v, at) {
+				continue // a Machine is bound to it, or one it can be bound to exists: it stays
+			}
+			delete(out.recs.pending, in.claim)
+			out.recs.pending[movedKey(out.recs.pending, in.claim)] = at
+			in.done, changed = true, true
+			out.lines = append(out.lines, fmt.Sprintf("NodeClaim %s moves to another MachineDeployment: its MachineSet made no Machine for it; the replica stays, free for the next NodeClaim", in.claim))
 		case intentStranded:
 			at, ok := out.recs.pending[in.claim]
 			// A marked Machine the MachineSet keeps stands in for the

@@ -62,6 +62,9 @@ type Provider struct {
 	infraWatch *launch.InfraWatch
 	// LaunchWait bounds one Launch call's wait for a providerID.
 	LaunchWait time.Duration
+	// MoveAfter is how long a reservation waits for a Machine before its
+	// launch moves to another member of the same offering (DefaultMoveAfter).
+	MoveAfter time.Duration
 	// Events, when set, records events on hub objects.
 	Events record.EventRecorder
 	now    func() time.Time
@@ -82,6 +85,7 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		store:       store,
 		waiters:     hub.NewWaiters(),
 		LaunchWait:  DefaultLaunchWait,
+		MoveAfter:   DefaultMoveAfter,
 		Events:      h.GetEventRecorderFor("karpenter-clusterapi"), //nolint:staticcheck // the recorder core uses too
 		now:         time.Now,
 		after:       time.After,
@@ -98,7 +102,11 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 		events:  p.Events,
 		observe: func(n int) { metrics.MachineDeploymentWriteBatch.Observe(float64(n)) },
 		onError: func(error) { metrics.HubErrors.WithLabelValues("update_machinedeployment").Inc() },
-		queues:  map[types.NamespacedName]*writeQueue{},
+		bound: func(ctx context.Context, claim string) bool {
+			m, err := p.BoundMachine(ctx, claim)
+			return err != nil || m != nil // an error is no proof of none
+		},
+		queues: map[types.NamespacedName]*writeQueue{},
 	}
 	p.infraWatch = launch.NewInfraWatch(h, p.claimOfInfra, p.waiters.Notify)
 	return p
@@ -125,7 +133,7 @@ func (p *Provider) SetLaunchTimer(after func(time.Duration) <-chan time.Time) { 
 // unavailable, releases exactly its Machine, and tries the next cheapest
 // offering within the same call; when none is left the
 // InsufficientCapacityError goes to Karpenter.
-func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
+func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose Choose) (*clusterv1.Machine, error) {
 	failedMachines := map[string]bool{}
 	for {
 		m, err := p.launchOnce(ctx, claim, chosen, record, choose)
@@ -135,42 +143,81 @@ func (p *Provider) Launch(ctx context.Context, claim string, chosen *types.Names
 		}
 		failedMachines[failed.machine] = true
 		chosen = nil // choose again: the failed offering is unavailable now
-		if _, chooseErr := choose(); chooseErr != nil {
+		if _, chooseErr := choose(nil); chooseErr != nil {
 			return nil, err
 		}
 	}
 }
 
-func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) (*clusterv1.Machine, error) {
-	m, err := p.BoundMachine(ctx, claim)
-	if err != nil {
-		return nil, err
-	}
-	if m == nil {
-		reserved, err := p.reservedOn(ctx, claim)
+// Choose picks the MachineDeployment a NodeClaim reserves on: the cheapest
+// offering's, spread over its members. With avoid set it picks another
+// member than avoid (an error when there is none).
+type Choose func(avoid *types.NamespacedName) (instancetype.Source, error)
+
+// DefaultMoveAfter is how long a reservation waits for its MachineSet to
+// make a Machine before the launch moves to another member of the same
+// offering (design doc, "Launch's wait"): core deletes a NodeClaim not
+// launched within 5 minutes, and a MachineSet that made nothing for it in
+// a minute is behind (paused, held, or a queue of hundreds).
+const DefaultMoveAfter = time.Minute
+
+// errMoveDue ends a launch wait when its reservation has waited MoveAfter.
+var errMoveDue = errors.New("reservation waited long enough to move")
+
+func (p *Provider) launchOnce(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose Choose) (*clusterv1.Machine, error) {
+	deadline := p.after(p.LaunchWait)
+	for {
+		m, err := p.BoundMachine(ctx, claim)
 		if err != nil {
 			return nil, err
 		}
-		if reserved == nil {
-			if err := p.reserve(ctx, claim, chosen, record, choose); err != nil {
+		var moveAt time.Time
+		if m == nil {
+			reserved, at, err := p.reservation(ctx, claim)
+			if err != nil {
 				return nil, err
 			}
+			if reserved == nil {
+				origin, err := p.reserve(ctx, claim, chosen, record, choose)
+				if err != nil {
+					return nil, err
+				}
+				// The cache may not show the reservation yet: its place and
+				// (about) its stamp are known.
+				chosen, moveAt = origin, p.now().Add(p.MoveAfter)
+			} else {
+				to, err := p.moveIfBehind(ctx, claim, *reserved, at, record, choose)
+				if err != nil {
+					return nil, err
+				}
+				if to != nil {
+					// The cache may not show the new reservation yet.
+					chosen, moveAt = to, p.now().Add(p.MoveAfter)
+				} else if !at.IsZero() && at.Add(p.MoveAfter).After(p.now()) {
+					moveAt = at.Add(p.MoveAfter)
+				}
+			}
 		}
+		m, err = p.waitForProviderID(ctx, claim, deadline, moveAt)
+		if errors.Is(err, errMoveDue) {
+			continue
+		}
+		return m, err
 	}
-	return p.waitForProviderID(ctx, claim)
 }
 
 // reserve reserves a replica for the claim on the MachineDeployment chosen
 // before, or, when that one is gone or cannot be used now, on a new choice.
-func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose func() (instancetype.Source, error)) error {
+// It returns the MachineDeployment reserved on.
+func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.NamespacedName, record func(types.NamespacedName), choose Choose) (*types.NamespacedName, error) {
 	origin := chosen
 	if origin != nil && !p.usable(*origin) {
 		origin = nil // gone, no longer a member, or its records unreadable: choose again
 	}
 	if origin == nil {
-		src, err := choose()
+		src, err := choose(nil)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		origin = &src.Origin
 		record(src.Origin)
@@ -178,12 +225,12 @@ func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.Name
 	}
 	in := &intent{kind: intentReserve, claim: claim}
 	if err := p.writer.do(ctx, *origin, in); err != nil {
-		return fmt.Errorf("reserving a replica of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
+		return nil, fmt.Errorf("reserving a replica of MachineDeployment %s for NodeClaim %s: %w", origin, claim, err)
 	}
 	if in.err != nil {
 		// At max-size, or the MachineDeployment cannot be used: Karpenter
 		// re-plans on another offering.
-		return cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, in.err))
+		return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("NodeClaim %s: %w", claim, in.err))
 	}
 	if in.took != "" {
 		metrics.OrphansReleased.WithLabelValues("taken_over").Inc()
@@ -192,7 +239,7 @@ func (p *Provider) reserve(ctx context.Context, claim string, chosen *types.Name
 		p.wake(*origin)
 	}
 	failpoint.Crash(StepReserve)
-	return nil
+	return origin, nil
 }
 
 // usable reports whether a MachineDeployment is offered now: in the store
@@ -218,14 +265,37 @@ func (p *Provider) reservedOn(ctx context.Context, claim string) (*types.Namespa
 	return nil, nil
 }
 
+// reservation returns the MachineDeployment holding a reservation for the
+// claim and its stamp (zero when unknown), or nil.
+func (p *Provider) reservation(ctx context.Context, claim string) (*types.NamespacedName, time.Time, error) {
+	key, err := p.reservedOn(ctx, claim)
+	if err != nil || key == nil {
+		return key, time.Time{}, err
+	}
+	md := &clusterv1.MachineDeployment{}
+	if err := p.hub.GetCache().Get(ctx, *key, md, client.UnsafeDisableDeepCopy); err != nil {
+		return key, time.Time{}, nil
+	}
+	pending, err := hub.PendingNodeClaims(md)
+	if err != nil {
+		return key, time.Time{}, nil
+	}
+	at, _ := stampOf(md, pending[claim])
+	return key, at, nil
+}
+
 // waitForProviderID waits until the Machine bound to the claim has a
 // providerID (or its infrastructure reports a failure). It stops at once,
 // with ErrNodeClaimDeleted, when the NodeClaim is being deleted or gone
-// (the NodeClaim watch wakes it), and with ErrStillLaunching after
-// LaunchWait.
-func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*clusterv1.Machine, error) {
-	deadline := p.after(p.LaunchWait)
+// (the NodeClaim watch wakes it), and with ErrStillLaunching once deadline
+// fires. With moveAt set it stops with errMoveDue at that time if no
+// Machine is bound yet: the caller looks at moving the reservation.
+func (p *Provider) waitForProviderID(ctx context.Context, claim string, deadline <-chan time.Time, moveAt time.Time) (*clusterv1.Machine, error) {
 	var wokeAt time.Time // when the last Machine event woke us
+	var moveDue <-chan time.Time
+	if !moveAt.IsZero() {
+		moveDue = p.after(moveAt.Sub(p.now()))
+	}
 	for {
 		ch := p.waiters.Register(claim)
 		m, err := p.BoundMachine(ctx, claim)
@@ -274,6 +344,12 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string) (*cluste
 		select {
 		case <-ch:
 			wokeAt = p.now()
+		case <-moveDue:
+			moveDue = nil // once: a test's timer fires at once, before its time
+			if m == nil && !p.now().Before(moveAt) {
+				p.waiters.Forget(claim, ch)
+				return nil, errMoveDue
+			}
 		case <-deadline:
 			p.waiters.Forget(claim, ch)
 			if m != nil {
@@ -404,6 +480,9 @@ func (p *Provider) claimLeaving(ctx context.Context, claim string) bool {
 // gone). A NodeClaim still terminating keeps its reservation: core makes
 // its successor only once it is gone, and the successor takes it then.
 func (p *Provider) claimFree(ctx context.Context, claim string) bool {
+	if isMoved(claim) {
+		return true // a launch moved on: no NodeClaim has the key
+	}
 	if p.spoke == nil {
 		return false
 	}

@@ -35,9 +35,22 @@ import (
 //
 // Rule 1 is a hint read from caches: the writer confirms a reservation is
 // free before taking it over, and raises when it is not, as for any choice.
+//
+// Members whose MachineSet is behind (behind: a reservation waited
+// MoveAfter with no Machine made for it) are left out while another is
+// not: a launch there would wait, then move.
 func (p *Provider) spread(ctx context.Context, claim string, ties []instancetype.Source) instancetype.Source {
 	if len(ties) == 1 || p.hub == nil {
 		return ties[0]
+	}
+	var keeping []instancetype.Source
+	for _, src := range ties {
+		if !p.behind(ctx, src.Origin) {
+			keeping = append(keeping, src)
+		}
+	}
+	if len(keeping) > 0 {
+		ties = keeping
 	}
 	return spreadOver(ctx, claim, ties, p.hub.GetCache(), p.spoke)
 }

@@ -15,4 +15,7 @@ const (
 	StepMark = "md-mark"
 	// StepRelease: the replica of a marked Machine was given back.
 	StepRelease = "md-release"
+	// StepMove: a launch's reservation was moved off a MachineDeployment
+	// whose MachineSet is behind, before it reserves on another.
+	StepMove = "md-move"
 )

@@ -41,6 +41,12 @@ type writer struct {
 	observe func(int)
 	// onError, when set, is told of each failed write.
 	onError func(error)
+	// bound reports whether a NodeClaim has a bound Machine (this
+	// process's bindings the cache does not show yet included).
+	bound func(ctx context.Context, claim string) bool
+	// listedLive, when set, is told of each live read of a
+	// MachineDeployment's Machines and MachineSets.
+	listedLive func()
 
 	// timeout bounds one write once it holds the lock (writeTimeout when 0).
 	timeout time.Duration
@@ -139,23 +145,17 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 			return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
 		}
 	}
-	// Lowerings and hand-overs are decided on the API server's Machines: a
-	// Machine the cache does not show yet (one the MachineSet made too
-	// many, or made for the reservation) would take the mark that covers a
-	// lowering, or serve the reservation. Listed once per write: a
-	// conflict on the MachineDeployment re-reads only it.
-	reader := w.cache
-	for _, in := range intents {
-		switch in.kind {
-		case intentLower, intentGiveBack, intentStranded, intentSpare:
-			reader = w.live
-		}
-	}
-	machines, err := machinesOf(ctx, reader, md)
-	if err != nil {
-		return err
-	}
-	sets, err := setsOf(ctx, reader, md)
+	// Lowerings and hand-overs are decided on the API server's Machines
+	// and MachineSets: a Machine the cache does not show yet (one the
+	// MachineSet made too many, or made for the reservation) would take
+	// the mark that covers a lowering, or serve the reservation. The cache
+	// is asked first: most calls with a lowering owe none (core retries
+	// Delete until the Machine is gone, and each retry finds its lowering
+	// written), and a no-op decided on a stale cache is only a later
+	// lowering (the pass retries what is owed). Listed live at most once
+	// per write: a conflict on the MachineDeployment re-reads only it.
+	live := false
+	machines, sets, err := w.machinesAndSets(ctx, w.cache, md)
 	if err != nil {
 		return err
 	}
@@ -172,7 +172,22 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 		if w.bindable != nil {
 			bindable = func(m *clusterv1.Machine) bool { return w.bindable(ctx, m) }
 		}
-		out := plan(md, recs, view{machines: machines, sets: sets, free: free, bindable: bindable}, intents)
+		var bound func(string) bool
+		if w.bound != nil {
+			bound = func(claim string) bool { return w.bound(ctx, claim) }
+		}
+		out := plan(md, recs, view{machines: machines, sets: sets, free: free, bindable: bindable, bound: bound}, intents)
+		if !live && needsLive(intents) {
+			live = true
+			if machines, sets, err = w.machinesAndSets(ctx, w.live, md); err != nil {
+				return err
+			}
+			if w.listedLive != nil {
+				w.listedLive()
+			}
+			attempt--
+			continue
+		}
 		if !out.changed {
 			return nil
 		}
@@ -200,6 +215,38 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 			return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
 		}
 	}
+}
+
+// machinesAndSets reads a MachineDeployment's Machines and MachineSets from r.
+func (w *writer) machinesAndSets(ctx context.Context, r client.Reader, md *clusterv1.MachineDeployment) ([]*clusterv1.Machine, []*clusterv1.MachineSet, error) {
+	machines, err := machinesOf(ctx, r, md)
+	if err != nil {
+		return nil, nil, err
+	}
+	sets, err := setsOf(ctx, r, md)
+	if err != nil {
+		return nil, nil, err
+	}
+	return machines, sets, nil
+}
+
+// needsLive reports whether a plan lowers, hands over, or refuses to do so
+// (a refusal decides what the caller does next: Release deletes a Machine
+// a rollout keeps the lowering off), or moves a launch (a Machine bound to
+// the NodeClaim that the cache does not show, by a process before a
+// restart, would keep it: the NodeClaim would be bound twice): such a plan
+// is made again on the API server's Machines and MachineSets before
+// anything is sent.
+func needsLive(intents []*intent) bool {
+	for _, in := range intents {
+		switch in.kind {
+		case intentLower, intentGiveBack, intentStranded, intentSpare, intentMove:
+			if in.done || in.atMin || in.err != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // report says every replica change in one log line and one event.

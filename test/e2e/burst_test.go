@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,11 +47,15 @@ import (
 // Run: go test -run '^$' -bench Burst200 -benchtime 1x ./test/e2e/
 func BenchmarkBurst200(b *testing.B) {
 	const (
-		nodes = 200
 		delay = 5 * time.Second
 		name  = "burst"
 		app   = "app-burst"
 	)
+	n := 200
+	if v, err := strconv.Atoi(os.Getenv("BENCH_BURST_N")); err == nil && v > 0 {
+		n = v // a smaller burst for a loaded machine
+	}
+	nodes := float64(n)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w.AWS.SetProvisionDelay(delay)
@@ -73,7 +78,9 @@ func BenchmarkBurst200(b *testing.B) {
 
 	// 1. The infrastructure's own time: a MachineDeployment that is no
 	// Karpenter member, scaled from 0 to 200 directly.
-	infra := baselineScaleUp(b, ctx, hubCache, spokeCache, "burst-baseline", nodes, delay)
+	floorCPU := worldCPU(provider.Pid())
+	infra := baselineScaleUp(b, ctx, hubCache, spokeCache, "burst-baseline", int32(n), delay)
+	floorCPU = worldCPU(provider.Pid()) - floorCPU
 
 	// 2. The burst through Karpenter.
 	pool(b, name)
@@ -84,8 +91,9 @@ func BenchmarkBurst200(b *testing.B) {
 	if err != nil {
 		b.Fatalf("scraping the provider's metrics: %v", err)
 	}
+	world0, proc0 := worldCPU(provider.Pid()), providerCPU(provider.Pid())
 	start := time.Now()
-	d := deployment(b, name, app, nodes, "1500m")
+	d := deployment(b, name, app, int32(n), "1500m")
 	var peakMachines int
 	err = WaitFor(ctx, 8*time.Minute, func(context.Context) (bool, error) {
 		ms := &clusterv1.MachineList{}
@@ -103,13 +111,13 @@ func BenchmarkBurst200(b *testing.B) {
 				initialized++
 			}
 		}
-		return initialized >= nodes, nil
+		return initialized >= n, nil
 	})
 	wall := time.Since(start)
 	after, err2 := provider.Writes()
 	if err != nil {
 		c, _ := count(ctx, name, app, md)
-		b.Fatalf("burst of %d: %v after %s; last: %s (provider log %s, world logs %v)", nodes, err, wall.Round(time.Millisecond), c, provider.LogPath, w.LogFiles())
+		b.Fatalf("burst of %d: %v after %s; last: %s (provider log %s, world logs %v)", n, err, wall.Round(time.Millisecond), c, provider.LogPath, w.LogFiles())
 	}
 	if err2 != nil {
 		b.Fatalf("scraping the provider's metrics: %v", err2)
@@ -132,12 +140,12 @@ func BenchmarkBurst200(b *testing.B) {
 	b.ReportMetric(wall.Seconds(), "wall-s")
 	b.ReportMetric(infra.Seconds(), "infra-s")
 	b.ReportMetric(ratio, "wall/infra")
-	fmt.Printf("burst of %d NodeClaims, one MachineDeployment, provisioning delay %s:\n", nodes, delay)
-	fmt.Printf("  Machines for the MachineDeployment: %d (peak %d, unbound %d); target exactly %d, none unbound\n", c.Machines, peakMachines, c.UnboundMachines, nodes)
+	fmt.Printf("burst of %d NodeClaims, one MachineDeployment, provisioning delay %s:\n", n, delay)
+	fmt.Printf("  Machines for the MachineDeployment: %d (peak %d, unbound %d); target exactly %d, none unbound\n", c.Machines, peakMachines, c.UnboundMachines, n)
 	fmt.Printf("  writes per node by the provider process (hub+spoke, incl. core's NodeClaim/Node writes): %.2f; target <= 2\n", total/nodes)
 	fmt.Printf("  writes per node to the hub (Cluster API) only: %.2f; by cluster, resource and verb: %s\n", hubWrites/nodes, bySide)
 	fmt.Printf("  wall time Deployment -> %d NodeClaims Initialized: %s; infrastructure's own time (0 -> %d Ready Nodes without Karpenter): %s; ratio %.2f; target <= 1.2\n",
-		nodes, wall.Round(time.Millisecond), nodes, infra.Round(time.Millisecond), ratio)
+		n, wall.Round(time.Millisecond), n, infra.Round(time.Millisecond), ratio)
 
 	// 3. Leave the world clean: scale down and wait until the pool is empty.
 	downStart := time.Now()
@@ -147,8 +155,13 @@ func BenchmarkBurst200(b *testing.B) {
 		return c.NodeClaims == 0 && c.Machines == 0 && c.Nodes == 0
 	})
 	if afterDown, err := provider.Writes(); err == nil {
-		t, h, _ := afterDown.sub(beforeDown).writes()
+		down := afterDown.sub(beforeDown)
+		t, h, _ := down.writes()
 		fmt.Printf("  scale-down to an empty pool took %s; writes per node %.2f (hub %.2f)\n", time.Since(downStart).Round(time.Second), t/nodes, h/nodes)
+		fmt.Printf("  world CPU (API servers, Cluster API, simulators) up and down: %.1f s (%.2f s/node); the provider process: %.1f s; Cluster API alone 0 -> %d -> 0: %.1f s\n",
+			worldCPU(provider.Pid())-world0, (worldCPU(provider.Pid())-world0)/nodes, providerCPU(provider.Pid())-proc0, n, floorCPU)
+		fmt.Printf("  hub requests of the burst by verb and kind: %s\n", after.sub(before).hubRequests())
+		fmt.Printf("  hub requests of the scale-down by verb and kind: %s\n", down.hubRequests())
 	}
 }
 
@@ -372,6 +385,28 @@ func (r requestCounts) writes() (total, hub float64, summary string) {
 	return total, hub, strings.Join(parts, " ")
 }
 
+// hubRequests summarizes every request to the hub (reads too: a live
+// list of a MachineDeployment's Machines costs the hub more than a write) by
+// verb and kind.
+func (r requestCounts) hubRequests() string {
+	by := map[string]float64{}
+	for k, v := range r.byKind {
+		if hubGroup(k[1]) {
+			by[k[0]+" "+k[2]] += v
+		}
+	}
+	keys := make([]string, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%.0f", k, by[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
 // parseLabels parses `a="x",b="y"` (values without escaped quotes).
 func parseLabels(s string) map[string]string {
 	out := map[string]string{}
@@ -385,4 +420,13 @@ func parseLabels(s string) map[string]string {
 		s = rest
 	}
 	return out
+}
+
+// providerCPU is the provider process's CPU seconds (0 when unreadable).
+func providerCPU(pid int) float64 {
+	cpu, _, err := procCPU(pid)
+	if err != nil {
+		return 0
+	}
+	return cpu
 }

@@ -27,6 +27,12 @@ import (
 // a failure whatever led to it.
 func (w *world) checks() interceptor.Funcs {
 	return interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*clusterv1.MachineList); ok && !w.acting.Load() && w.listing.Load() == 0 {
+				w.liveMachineLists.Add(1)
+			}
+			return c.List(ctx, list, opts...)
+		},
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			if md, ok := obj.(*clusterv1.MachineDeployment); ok && !w.acting.Load() {
 				w.failf("MachineDeployment %s written with a whole-object Update: the provider patches only what it changes", md.Name)

@@ -196,7 +196,7 @@ func TestReplicasStayWithinMinAndMaxSize(t *testing.T) {
 				defer wg.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				_, errs[i] = w.provider.Launch(ctx, name, nil, func(types.NamespacedName) {}, func() (instancetype.Source, error) {
+				_, errs[i] = w.provider.Launch(ctx, name, nil, func(types.NamespacedName) {}, func(*types.NamespacedName) (instancetype.Source, error) {
 					src, ok := w.store.Get(types.NamespacedName{Namespace: ns, Name: "cheap"})
 					if !ok {
 						return instancetype.Source{}, errors.New("cheap not in the store")

@@ -188,6 +188,10 @@ func TestAHeldReplicaWaitsWhileItsMachineSetStillMakesMachines(t *testing.T) {
 // the Machine made for the first raise is the successor's.
 func TestASuccessorReservingBeforeTheHoldTakesTheGoneClaimsReplica(t *testing.T) {
 	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	// cheap is the one member of its offering (dear is dearer): the
+	// successor waits there. (The model's choose takes dear as another
+	// member when asked to move; TestALaunchMovesOffAStalledMachineSet.)
+	w.provider.MoveAfter = time.Hour
 	w.reconcile()
 	w.stalled["cheap"] = true
 	a := w.newClaim()

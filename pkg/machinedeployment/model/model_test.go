@@ -283,8 +283,8 @@ func runModel(t *testing.T, s int64, n int) {
 		t.Fatalf("seed %d: invariants broken:\n  %s\nlast steps:\n  %s", s, strings.Join(dedupe(w.failures), "\n  "), strings.Join(trail, "\n  "))
 	}
 	el := time.Since(start)
-	t.Logf("seed %d: %d steps in %s (%.0f steps/s); at most %d live Machines not someone else's, at most %d beyond the NodeClaims; so far in this process: replicas held for a next NodeClaim %.0f, reservations taken over %.0f, Machines adopted %.0f",
-		s, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), peakMachines, peakSurplus, soFar("held"), soFar("taken_over"), soFar("adopted"))
+	t.Logf("seed %d: %d steps in %s (%.0f steps/s); at most %d live Machines not someone else's, at most %d beyond the NodeClaims; so far in this process: replicas held for a next NodeClaim %.0f, reservations taken over %.0f, Machines adopted %.0f, launches moved %.0f",
+		s, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), peakMachines, peakSurplus, soFar("held"), soFar("taken_over"), soFar("adopted"), soFar("moved"))
 }
 
 func dedupe(in []string) []string {

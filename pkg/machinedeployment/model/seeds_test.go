@@ -292,6 +292,9 @@ func TestAReleasedMachineItsMachineSetKeepsIsDeleted(t *testing.T) {
 // makes none for c.
 func releaseAndRaiseCancelOut(t *testing.T) (*world, string, string) {
 	w := newWorld(t, map[string]int32{"cheap": 0, "dear": 0}, nil, nil)
+	// cheap is the one member of its offering: c waits there for the
+	// kept Machine to go (the model's moveAfter is shorter than that wait).
+	w.provider.MoveAfter = time.Hour
 	w.reconcile()
 	a := w.newClaim()
 	w.mustLaunch(t, 20, a)

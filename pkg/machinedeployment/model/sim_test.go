@@ -69,6 +69,9 @@ type claimState struct {
 // nodes").
 const launchTimeout = 45 * time.Second
 
+// moveAfter is the provider's MoveAfter in the model: within launchTimeout.
+const moveAfter = 15 * time.Second
+
 // world is the simulation.
 type world struct {
 	t     testing.TB
@@ -101,6 +104,11 @@ type world struct {
 	removedRunning []string
 	failures       []string
 	synced         time.Time // when the cache last caught up
+	// liveMachineLists counts the provider's lists of Machines from the
+	// API server (the cache's do not pass the interceptor).
+	liveMachineLists atomic.Int64
+	// listing is set while the world itself lists Machines (checks).
+	listing atomic.Int32
 	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
 	// write the provider makes.
 	trace func(string)
@@ -218,6 +226,9 @@ func (w *world) restartLagging() {
 	w.provider = machinedeployment.NewProvider(w.hub.Hub, nil, w.store, w.unavailable)
 	w.provider.SetClock(w.clock)
 	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return fired })
+	// Below the model's launch timeout, so that launches move off stalled
+	// MachineSets as core's 5 minutes leave room for the provider's minute.
+	w.provider.MoveAfter = moveAfter
 	w.controller = machinedeployment.NewController(w.provider, w.spoke, w.spoke)
 }
 
@@ -244,8 +255,11 @@ func (w *world) newClaim() string {
 }
 
 // choose picks the cheapest available MachineDeployment, as the cloud
-// provider's cheapest() does on the resolved set.
-func (w *world) choose() (instancetype.Source, error) {
+// provider's cheapest() does on the resolved set. With avoid set (a launch
+// moving off a MachineSet that is behind) it picks the cheapest other one:
+// the model's two MachineDeployments stand for two members of one offering
+// there, so that moves meet every other actor.
+func (w *world) choose(avoid *types.NamespacedName) (instancetype.Source, error) {
 	if err := w.store.Prime(context.Background()); err != nil {
 		return instancetype.Source{}, err
 	}
@@ -254,7 +268,7 @@ func (w *world) choose() (instancetype.Source, error) {
 	for _, srcs := range set.Origins {
 		for i := range srcs {
 			s := srcs[i]
-			if s.Available && (best == nil || s.Price < best.Price) {
+			if s.Available && (avoid == nil || s.Origin != *avoid) && (best == nil || s.Price < best.Price) {
 				best = &s
 			}
 		}
@@ -325,6 +339,8 @@ func (w *world) failf(format string, args ...any) {
 
 func (w *world) machines() []clusterv1.Machine {
 	list := &clusterv1.MachineList{}
+	w.listing.Add(1)
+	defer w.listing.Add(-1)
 	w.must(w.hub.API.List(context.Background(), list))
 	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
 	return list.Items
