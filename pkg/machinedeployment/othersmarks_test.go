@@ -8,18 +8,18 @@ import (
 
 // Cluster API ranks every delete-machine mark alike and breaks the tie by
 // name (core/reconcilers/machineset, sortableMachines). With a user's mark
-// on u-1, which sorts before the provider's k-2, a lowering by one for
-// k-2's mark would remove u-1: the gate refuses it. With the user's mark on
+// on a-1, which sorts before the provider's k-2, a lowering by one for
+// k-2's mark would remove a-1: the gate refuses it. With the user's mark on
 // z-1, which sorts after, the same lowering removes k-2 and is written.
 func TestTheGateCountsOthersMarksAsClusterAPIRanksThem(t *testing.T) {
 	for _, tc := range []struct {
 		user  string
 		wrote bool
-	}{{"u-1", false}, {"z-1", true}} {
+	}{{"a-1", false}, {"z-1", true}} {
 		t.Run(tc.user, func(t *testing.T) {
 			k := machine("k-2", t0, boundTo("K"), withNode, markedWith(releaseMark("K", "deleted")))
 			machines := []*clusterv1.Machine{
-				machine("a-0", t0, boundTo("A"), withNode),
+				machine("b-0", t0, boundTo("A"), withNode),
 				machine(tc.user, t0, withNode, markedWith("yes")),
 				k,
 			}
@@ -44,15 +44,15 @@ func TestTheGateCountsOthersMarksAsClusterAPIRanksThem(t *testing.T) {
 func TestAnotherMarkAlreadyOwedALoweringDoesNotBlock(t *testing.T) {
 	k := machine("k-2", t0, boundTo("K"), withNode, markedWith(releaseMark("K", "deleted")))
 	machines := []*clusterv1.Machine{
-		machine("a-0", t0, boundTo("A"), withNode),
-		machine("u-1", t0, withNode, markedWith("yes")),
+		machine("b-0", t0, boundTo("A"), withNode),
+		machine("a-1", t0, withNode, markedWith("yes")),
 		k,
 	}
-	// Replicas 2 with three Machines: the MachineSet removes u-1 already.
+	// Replicas 2 with three Machines: the MachineSet removes a-1 already.
 	md := planMD(2, 2, nil)
 	lower := &intent{kind: intentLower, claim: "K", machine: k}
 	out := planned(t, md, machines, nil, lower)
 	if out.replicas != 1 || !lower.done {
-		t.Fatalf("replicas %d done %v err %v: u-1 goes anyway, k-2 next: written", out.replicas, lower.done, lower.err)
+		t.Fatalf("replicas %d done %v err %v: a-1 goes anyway, k-2 next: written", out.replicas, lower.done, lower.err)
 	}
 }

@@ -221,12 +221,11 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 	minSize, maxSize, hasMax, sizeErr := sizeBounds(md)
 	// The gate (the one place that refuses a lowering): low is the
 	// MachineSet Cluster API takes a lowering from. uncovered is how many
-	// of its Machines that are neither deleting nor marked it would remove
-	// after losing d replicas: it may still create up to its replicas
-	// before it sees the write, and removes deleting and marked first.
+	// of its Machines that are neither deleting nor marked by the provider
+	// it would remove after losing d replicas, in its own order (removals).
 	low := lowers(md, v.sets, v.machines)
-	lc := count(low.machines, extra)
-	uncovered := func(d int32) int32 { return max(0, max(lc.all, low.base)-(low.base-d)-lc.deleting-lc.marked) }
+	order := removalsOf(low.machines, extra)
+	uncovered := func(d int32) int32 { return order.uncovered(low.base, d) }
 	spare := func() int32 { return owned - c.bound - int32(len(out.recs.pending)) }
 	lower := func(in *intent, what string) bool {
 		switch {
