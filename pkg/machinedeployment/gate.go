@@ -60,3 +60,14 @@ func (rm removals) uncovered(base, d int32) int32 {
 	}
 	return out + max(0, n)
 }
+
+// othersFirst reports whether the lowering by d is refused only because of
+// others' marks: counted as the provider's, they would cover it.
+func (rm removals) othersFirst(base, d int32) bool {
+	all := rm
+	all.ours = make([]bool, len(rm.ours))
+	for i := range all.ours {
+		all.ours[i] = true
+	}
+	return rm.uncovered(base, d) > rm.uncovered(base, 0) && all.uncovered(base, d) <= all.uncovered(base, 0)
+}

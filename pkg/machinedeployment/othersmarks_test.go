@@ -1,6 +1,8 @@
 package machinedeployment
 
 import (
+	"errors"
+
 	"testing"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -32,7 +34,7 @@ func TestTheGateCountsOthersMarksAsClusterAPIRanksThem(t *testing.T) {
 				}
 				return
 			}
-			if out.replicas != 3 || lower.done || !isNotCovered(lower.err) {
+			if out.replicas != 3 || lower.done || !errors.Is(lower.err, errMarkedFirst) {
 				t.Fatalf("replicas %d done %v err %v: the lowering would remove %s, which the user marked, and must be refused", out.replicas, lower.done, lower.err, tc.user)
 			}
 		})

@@ -21,6 +21,12 @@ var ErrAtMaxSize = errors.New("at its max size (" + instancetype.MaxSizeAnnotati
 // of the write; the replica stays up until they do.
 var errNotCovered = errors.New("lowering would make the MachineSet remove a Machine the provider has not marked: replica left up")
 
+// errMarkedFirst: the provider's mark would cover the lowering, but a
+// Machine someone else marked sorts before it (Cluster API takes marked
+// Machines by name), so the MachineSet would remove that one instead. As
+// in a rollout, a release removes its Machine directly (design doc, "Release").
+var errMarkedFirst = fmt.Errorf("%w: a Machine someone else marked for deletion sorts first and would go instead", errNotCovered)
+
 // intentKind is what a caller wants of a MachineDeployment's replicas and
 // records (docs/design/machinedeployment-binding.md, "Intents").
 type intentKind int
@@ -245,6 +251,9 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 			return false
 		case r0-(r-1) > low.room || uncovered(r0-(r-1)) > uncovered(0):
 			in.err = errNotCovered
+			if order.othersFirst(low.base, r0-(r-1)) {
+				in.err = errMarkedFirst
+			}
 			return false
 		}
 		out.lines = append(out.lines, fmt.Sprintf("replicas %d -> %d: %s", r, r-1, what))
