@@ -37,6 +37,7 @@ const (
 	FlagRenewDeadline        = "leader-election-renew-deadline"
 	FlagRetryPeriod          = "leader-election-retry-period"
 	FlagApproveKubeletCSRs   = "approve-kubelet-csrs"
+	FlagSoleScalerWindow     = "sole-scaler-window"
 )
 
 // DefaultUnavailableTTL is how long an offering that failed for lack of
@@ -69,6 +70,10 @@ type Options struct {
 	// ApproveKubeletCSRs runs the approver of the kubelet certificate
 	// requests of the provider's nodes (package csrapproval).
 	ApproveKubeletCSRs bool
+	// SoleScalerWindow is how long after another autoscaler last changed
+	// a member MachineDeployment's replicas its NodeClass's SoleScaler
+	// stays False (package coexistence; 15m when 0).
+	SoleScalerWindow time.Duration
 
 	repairConditionsRaw string
 }
@@ -95,6 +100,8 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"How often the leader renews its lease and standbys try to take it: one lease write per period by the leader, one read per standby.")
 	fs.BoolVarWithEnv(&o.ApproveKubeletCSRs, FlagApproveKubeletCSRs, "APPROVE_KUBELET_CSRS", false,
 		"Approve the kubelet client and serving certificate signing requests of this provider's nodes, checked against the Machines that launched them (needs the approver's RBAC).")
+	fs.DurationVar(&o.SoleScalerWindow, FlagSoleScalerWindow, env.WithDefaultDuration("SOLE_SCALER_WINDOW", 15*time.Minute),
+		"How long after another autoscaler (cluster-autoscaler, kubectl scale) last changed a member MachineDeployment's spec.replicas its NodeClass's condition SoleScaler stays False.")
 	fs.StringVar(&o.repairConditionsRaw, FlagRepairConditions, env.WithDefaultString("REPAIR_CONDITIONS", ""),
 		"Node conditions, besides Ready, that make Karpenter replace a node once they held for a while (feature gate NodeRepair): <type>=<status>:<toleration>,... e.g. KernelDeadlock=True:10m.")
 }
@@ -135,6 +142,9 @@ func (o *Options) Validate() error {
 		return err
 	}
 	o.RepairConditions = conditions
+	if o.SoleScalerWindow < 0 {
+		return fmt.Errorf("--%s (SOLE_SCALER_WINDOW): %s is negative", FlagSoleScalerWindow, o.SoleScalerWindow)
+	}
 	if o.UnavailableTTL <= 0 {
 		return fmt.Errorf("--%s (UNAVAILABLE_OFFERINGS_TTL): %s is not a positive duration", FlagUnavailableTTL, o.UnavailableTTL)
 	}
