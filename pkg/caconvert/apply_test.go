@@ -136,6 +136,69 @@ func TestApplyIsIdempotent(t *testing.T) {
 	if !strings.Contains(nc.Annotations[ConvertedFromAnnotation], "c1-m5") {
 		t.Errorf("NodeClass converted-from %q", nc.Annotations[ConvertedFromAnnotation])
 	}
+	// A changed grouping: c1-general loses its taint and joins the pool
+	// of c1-c5 and c1-m5; c1-plain-ish c1-m5 keeps its pool name. The
+	// re-run deletes NodePool and NodeClass c1-general, which it wrote and
+	// which its node groups no longer need; nothing else.
+	gen := &clusterv1.MachineDeployment{}
+	if err := hubEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-general"}, gen); err != nil {
+		t.Fatal(err)
+	}
+	oldPool := gen.Labels[NodeClassLabel]
+	delete(gen.Annotations, capacity.TaintsKey)
+	gen.Annotations[capacity.MemoryKey] = "8Gi"
+	if err := hubEnv.Client.Update(ctx, gen); err != nil {
+		t.Fatal(err)
+	}
+	foreign := &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses", Annotations: map[string]string{ConvertedForClusterAnnotation: ns + "/c1", ConvertedFromAnnotation: "MachineDeployment team/c1-general"}},
+		Spec: np.Spec}
+	if err := spokeEnv.Client.Create(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	if in, err = Read(ctx, hubEnv.Client, ns, "c1", nil); err != nil {
+		t.Fatal(err)
+	}
+	regrouped := Convert(in, Settings{})
+	if _, err := Apply(ctx, hubEnv.Client, spokeEnv.Client, regrouped); err != nil {
+		t.Fatal(err)
+	}
+	pruned, err := Prune(ctx, hubEnv.Client, spokeEnv.Client, regrouped, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pruned) != 2 || pruned[0].Name != oldPool || pruned[1].Name != oldPool {
+		t.Errorf("regrouped: pruned %v, want NodePool and NodeClass %s", pruned, oldPool)
+	}
+	if err := spokeEnv.Client.Get(ctx, client.ObjectKey{Name: "someone-elses"}, &karpv1.NodePool{}); err != nil {
+		t.Errorf("a NodePool the converter did not write: %v", err)
+	}
+	if err := spokeEnv.Client.Get(ctx, client.ObjectKey{Name: "c1-c5"}, &karpv1.NodePool{}); err != nil {
+		t.Errorf("NodePool c1-c5, which keeps its name: %v", err)
+	}
+	// A node group that is none any more (max-size removed): its labels go.
+	if err := hubEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-general"}, gen); err != nil {
+		t.Fatal(err)
+	}
+	delete(gen.Annotations, MaxSizeAnnotation)
+	if err := hubEnv.Client.Update(ctx, gen); err != nil {
+		t.Fatal(err)
+	}
+	if in, err = Read(ctx, hubEnv.Client, ns, "c1", nil); err != nil {
+		t.Fatal(err)
+	}
+	gone := Convert(in, Settings{})
+	if _, err := Apply(ctx, hubEnv.Client, spokeEnv.Client, gone); err != nil {
+		t.Fatal(err)
+	}
+	if pruned, err = Prune(ctx, hubEnv.Client, spokeEnv.Client, gone, in); err != nil || len(pruned) != 1 || pruned[0].Kind != KindMachineDeployment {
+		t.Errorf("max-size removed: pruned %v, %v; want c1-general's labels", pruned, err)
+	}
+	if err := hubEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "c1-general"}, gen); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := gen.Labels[v1alpha1.KarpenterMemberLabel]; ok || gen.Labels[NodeClassLabel] != "" {
+		t.Errorf("labels of a MachineDeployment no longer a node group: %v", gen.Labels)
+	}
 	t.Run("refuses another cluster than the workload one", func(t *testing.T) { checkWorkloadRefusals(t, hubEnv, spokeEnv) })
 }
 

@@ -134,6 +134,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprint(stdout, Report(res.Findings))
 	outcomes, err := Apply(ctx, hub, workload, res)
+	if err == nil {
+		var pruned []Outcome
+		pruned, err = Prune(ctx, hub, workload, res, in)
+		outcomes = append(outcomes, pruned...)
+	}
 	for _, o := range outcomes {
 		fmt.Fprintln(stdout, o)
 	}

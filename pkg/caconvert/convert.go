@@ -44,6 +44,10 @@ type Result struct {
 	// Clusters are the Clusters ("<namespace>/<name>") with converted node
 	// groups, sorted.
 	Clusters []string
+	// Read are the node group candidates this run read ("<Kind>
+	// <namespace>/<name>"), converted or not: the scope within which a
+	// re-run removes what an earlier one wrote and this one does not.
+	Read map[string]bool
 }
 
 // ClusterOf is the Cluster ("<namespace>/<name>") an output object was
@@ -69,7 +73,13 @@ type pool struct {
 
 // Convert converts the node groups of the input. See the package doc.
 func Convert(in Input, s Settings) Result {
-	var res Result
+	res := Result{Read: map[string]bool{}}
+	for _, md := range in.MachineDeployments {
+		res.Read[KindMachineDeployment+" "+key(md.Namespace, md.Name)] = true
+	}
+	for _, ms := range in.MachineSets {
+		res.Read[KindMachineSet+" "+key(ms.Namespace, ms.Name)] = true
+	}
 	var groups []*nodeGroup
 	mds := append([]clusterv1.MachineDeployment(nil), in.MachineDeployments...)
 	sort.Slice(mds, func(i, j int) bool { return key(mds[i].Namespace, mds[i].Name) < key(mds[j].Namespace, mds[j].Name) })
@@ -185,9 +195,23 @@ func groupIntoPools(groups []*nodeGroup, s Settings) []*pool {
 			}
 		}
 	}
+	// A pool keeps the name an earlier run gave one of its node groups, so
+	// a changed grouping renames as little as it can; the rest are named
+	// after their first node group.
 	names := map[string]bool{}
 	for _, p := range out {
-		p.name = poolName(p.groups[0].cluster, p.groups[0].name, names)
+		for _, g := range p.groups {
+			if g.nodeClass != "" && !names[g.nodeClass] {
+				p.name = g.nodeClass
+				names[g.nodeClass] = true
+				break
+			}
+		}
+	}
+	for _, p := range out {
+		if p.name == "" {
+			p.name = poolName(p.groups[0].cluster, p.groups[0].name, names)
+		}
 	}
 	return out
 }

@@ -85,6 +85,8 @@ type Input struct {
 type nodeGroup struct {
 	kind, namespace, name, cluster string
 	min, max                       int32
+	// nodeClass is the NodeClass an earlier --apply labelled it with.
+	nodeClass string
 	// minRemoved says why a node group without min-size was converted
 	// ("" when it has one).
 	minRemoved  string
@@ -132,6 +134,7 @@ func readNodeGroup(kind string, meta metav1.ObjectMeta, cluster string, replicas
 	if _, owned := meta.Labels[clusterv1.ClusterTopologyOwnedLabel]; owned {
 		g.topologyWorker = meta.Labels[clusterv1.ClusterTopologyMachineDeploymentNameLabel]
 	}
+	g.nodeClass = meta.Labels[NodeClassLabel]
 	if replicas != nil {
 		g.replicas = *replicas
 	}
