@@ -24,7 +24,8 @@ func (o Outcome) String() string {
 
 // Apply server-side applies the result (field manager FieldManager, without
 // forcing: a field someone else owns is reported, not taken): the hub's
-// partial objects to hub, the NodeClasses and NodePools to workload. An
+// partial objects to hub, the NodeClasses and NodePools to workload, these
+// first. An
 // object applied again unchanged is reported "unchanged" (its
 // resourceVersion stayed). Every object is tried; the errors are joined.
 func Apply(ctx context.Context, hub, workload client.Client, res Result) ([]Outcome, error) {
@@ -58,11 +59,17 @@ func Apply(ctx context.Context, hub, workload client.Client, res Result) ([]Outc
 		}
 		out = append(out, Outcome{Cluster: where, Kind: o.GetKind(), Name: name, Result: result})
 	}
-	for _, o := range res.Hub {
-		do(hub, "management", o)
-	}
+	// The workload objects first: a member label written last never
+	// leaves a MachineDeployment selected by no NodeClass; after a failed
+	// workload write the labels wait for the next run.
 	for _, o := range res.Workload {
 		do(workload, "workload", o)
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("%w; the management cluster's labels were not written", errors.Join(errs...))
+	}
+	for _, o := range res.Hub {
+		do(hub, "management", o)
 	}
 	return out, errors.Join(errs...)
 }

@@ -60,6 +60,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	expander := fs.String("expander", "random", "cluster-autoscaler's --expander value, e.g. priority,least-waste")
 	priorityConfig := fs.String("priority-config", "", "the priority expander's ConfigMap (cluster-autoscaler-priority-expander) as a YAML file, or its data.priorities")
 	apply := fs.Bool("apply", false, "apply the result with server-side apply instead of printing it")
+	var assume stringList
+	fs.Var(&assume, "assume-node-group", "a MachineDeployment or MachineSet (<name> or <namespace>/<name>; repeatable, or comma-separated) whose min-size annotation you removed to stop cluster-autoscaler: converted with max-size alone")
+	forceCluster := fs.Bool("force-cluster", false, "with --apply, write even when --kubeconfig does not look like the Cluster's workload cluster")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -70,7 +73,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "karpenter-clusterapi %s: unexpected argument %q\n", Command, fs.Arg(0))
 		return 2
 	}
-	settings := Settings{}
+	settings := Settings{AssumeNodeGroups: assume}
 	var err error
 	if settings.Expanders, err = ParseExpanders(*expander); err != nil {
 		fmt.Fprintf(stderr, "karpenter-clusterapi %s: %v\n", Command, err)
@@ -118,13 +121,24 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Command, strings.Join(res.Clusters, ", "))
 		return 2
 	}
-	workload, err := newClient(*kubeconfig)
+	workload, workloadHost, err := newClientHost(*kubeconfig)
 	if err != nil {
 		fmt.Fprintf(stderr, "karpenter-clusterapi %s: --kubeconfig: %v\n", Command, err)
 		return 1
 	}
+	if len(res.Clusters) == 1 && !*forceCluster {
+		if err := CheckWorkload(ctx, hub, workload, workloadHost, res.Clusters[0]); err != nil {
+			fmt.Fprintf(stderr, "karpenter-clusterapi %s: --apply: %v; nothing written (--force-cluster writes anyway)\n", Command, err)
+			return 1
+		}
+	}
 	fmt.Fprint(stdout, Report(res.Findings))
 	outcomes, err := Apply(ctx, hub, workload, res)
+	if err == nil {
+		var pruned []Outcome
+		pruned, err = Prune(ctx, hub, workload, res, in)
+		outcomes = append(outcomes, pruned...)
+	}
 	for _, o := range outcomes {
 		fmt.Fprintln(stdout, o)
 	}
@@ -144,6 +158,25 @@ func Scheme() *runtime.Scheme {
 }
 
 func newClient(kubeconfig string) (client.Client, error) {
+	c, _, err := newClientHost(kubeconfig)
+	return c, err
+}
+
+// stringList is a repeatable, comma-separated flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+// newClientHost is newClient and the API server it talks to.
+func newClientHost(kubeconfig string) (client.Client, string, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig == "" {
@@ -152,10 +185,11 @@ func newClient(kubeconfig string) (client.Client, error) {
 		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cfg.UserAgent = FieldManager
-	return client.New(cfg, client.Options{Scheme: Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	return c, cfg.Host, err
 }
 
 // Read lists the node groups' objects in the namespace (all when empty),

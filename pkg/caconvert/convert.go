@@ -44,6 +44,10 @@ type Result struct {
 	// Clusters are the Clusters ("<namespace>/<name>") with converted node
 	// groups, sorted.
 	Clusters []string
+	// Read are the node group candidates this run read ("<Kind>
+	// <namespace>/<name>"), converted or not: the scope within which a
+	// re-run removes what an earlier one wrote and this one does not.
+	Read map[string]bool
 }
 
 // ClusterOf is the Cluster ("<namespace>/<name>") an output object was
@@ -69,13 +73,19 @@ type pool struct {
 
 // Convert converts the node groups of the input. See the package doc.
 func Convert(in Input, s Settings) Result {
-	var res Result
+	res := Result{Read: map[string]bool{}}
+	for _, md := range in.MachineDeployments {
+		res.Read[KindMachineDeployment+" "+key(md.Namespace, md.Name)] = true
+	}
+	for _, ms := range in.MachineSets {
+		res.Read[KindMachineSet+" "+key(ms.Namespace, ms.Name)] = true
+	}
 	var groups []*nodeGroup
 	mds := append([]clusterv1.MachineDeployment(nil), in.MachineDeployments...)
 	sort.Slice(mds, func(i, j int) bool { return key(mds[i].Namespace, mds[i].Name) < key(mds[j].Namespace, mds[j].Name) })
 	for i := range mds {
 		md := &mds[i]
-		g, fs := readNodeGroup(KindMachineDeployment, md.ObjectMeta, md.Spec.ClusterName, md.Spec.Replicas, md.Spec.Template, in.Templates)
+		g, fs := readNodeGroup(KindMachineDeployment, md.ObjectMeta, md.Spec.ClusterName, md.Spec.Replicas, md.Spec.Template, in.Templates, s)
 		res.Findings = append(res.Findings, fs...)
 		if g != nil {
 			groups = append(groups, g)
@@ -85,14 +95,12 @@ func Convert(in Input, s Settings) Result {
 	sort.Slice(mss, func(i, j int) bool { return key(mss[i].Namespace, mss[i].Name) < key(mss[j].Namespace, mss[j].Name) })
 	for i := range mss {
 		ms := &mss[i]
-		if owner := ownerMachineDeployment(ms); owner != "" {
-			if _, ok := ms.Annotations[MaxSizeAnnotation]; ok {
-				res.Findings = append(res.Findings, Finding{Object: KindMachineSet + " " + key(ms.Namespace, ms.Name), Field: MaxSizeAnnotation, Kind: NotCarried,
-					Message: fmt.Sprintf("a MachineSet of MachineDeployment %s: cluster-autoscaler scales the MachineDeployment, not it; annotate the MachineDeployment", owner)})
-			}
+		if ownerMachineDeployment(ms) != "" {
+			// Cluster API copies the MachineDeployment's annotations onto
+			// its MachineSets: the MachineDeployment is the node group.
 			continue
 		}
-		g, fs := readNodeGroup(KindMachineSet, ms.ObjectMeta, ms.Spec.ClusterName, ms.Spec.Replicas, ms.Spec.Template, in.Templates)
+		g, fs := readNodeGroup(KindMachineSet, ms.ObjectMeta, ms.Spec.ClusterName, ms.Spec.Replicas, ms.Spec.Template, in.Templates, s)
 		res.Findings = append(res.Findings, fs...)
 		if g != nil {
 			groups = append(groups, g)
@@ -187,9 +195,23 @@ func groupIntoPools(groups []*nodeGroup, s Settings) []*pool {
 			}
 		}
 	}
+	// A pool keeps the name an earlier run gave one of its node groups, so
+	// a changed grouping renames as little as it can; the rest are named
+	// after their first node group.
 	names := map[string]bool{}
 	for _, p := range out {
-		p.name = poolName(p.groups[0].cluster, p.groups[0].name, names)
+		for _, g := range p.groups {
+			if g.nodeClass != "" && !names[g.nodeClass] {
+				p.name = g.nodeClass
+				names[g.nodeClass] = true
+				break
+			}
+		}
+	}
+	for _, p := range out {
+		if p.name == "" {
+			p.name = poolName(p.groups[0].cluster, p.groups[0].name, names)
+		}
 	}
 	return out
 }
@@ -417,9 +439,18 @@ func poolFindings(p *pool, s Settings) []Finding {
 			out = append(out, Finding{Object: obj, Field: MaxSizeAnnotation, Kind: Mapped,
 				Message: fmt.Sprintf("%d kept: at that many replicas its offering is unavailable; also summed into NodePool %s limits (nodes, cpu, memory)", g.max, p.name)})
 		}
-		if g.min > 0 {
+		switch {
+		case g.minRemoved != "":
+			out = append(out, Finding{Object: obj, Field: MinSizeAnnotation, Kind: Mapped,
+				Message: fmt.Sprintf("removed (%s): converted with max-size alone; no minimum is kept", g.minRemoved)})
+		case g.min > 0 && !p.machineMode:
+			out = append(out, Finding{Object: obj, Field: MinSizeAnnotation, Kind: Todo,
+				Message: fmt.Sprintf("%d kept: the provider never lowers spec.replicas below it; a Karpenter node removed at the minimum has its Machine replaced by one no NodeClaim owns, "+
+					"which keeps Karpenter's unregistered taint, runs no pod and is paid for (up to %d such Machines); and while it is set cluster-autoscaler still scales this node group. "+
+					"Remove the annotation to keep no minimum (docs/annotations.md)", g.min, g.min)})
+		case g.min > 0:
 			out = append(out, Finding{Object: obj, Field: MinSizeAnnotation, Kind: NotCarried,
-				Message: fmt.Sprintf("%d: Karpenter keeps no minimum per node group (nodes come for pending pods); for a floor use a static NodePool (spec.replicas)", g.min)})
+				Message: fmt.Sprintf("%d: Machine mode keeps no minimum (nodes come for pending pods); the MachineSet keeps its own replicas", g.min)})
 		}
 		if g.topologyWorker != "" {
 			out = append(out, Finding{Object: obj, Field: "metadata.labels", Kind: Todo,

@@ -216,8 +216,8 @@ func TestConvert(t *testing.T) {
 			if got := np.GetAnnotations()[ConvertedFromAnnotation]; got != "MachineDeployment team/c1-c5-b, MachineDeployment team/c1-m5-a" {
 				t.Errorf("converted-from %q", got)
 			}
-			if f := finding(t, res, "MachineDeployment team/c1-m5-a", MinSizeAnnotation); f.Kind != NotCarried {
-				t.Errorf("min-size 1: %s", f)
+			if f := finding(t, res, "MachineDeployment team/c1-m5-a", MinSizeAnnotation); f.Kind != Todo || !strings.Contains(f.Message, "1 kept") || !strings.Contains(f.Message, "Remove the annotation") {
+				t.Errorf("min-size 1: %s, want a todo saying it is kept, what it costs and how to remove it", f)
 			}
 			if f := finding(t, res, "MachineDeployment team/c1-c5-b", "spec.replicas"); f.Kind != Todo {
 				t.Errorf("running replicas: %s", f)
@@ -317,8 +317,10 @@ func TestConvert(t *testing.T) {
 			if find(res.Hub, KindMachineSet, "c1-batch") != nil {
 				t.Error("the MachineSet itself was patched")
 			}
-			if f := finding(t, res, "MachineSet team/c1-md-abc", MaxSizeAnnotation); f.Kind != NotCarried {
-				t.Errorf("owned MachineSet: %s", f)
+			for _, f := range res.Findings {
+				if f.Object == "MachineSet team/c1-md-abc" {
+					t.Errorf("a MachineSet of a MachineDeployment reported (Cluster API copies the MachineDeployment's annotations onto it): %s", f)
+				}
 			}
 		},
 	}, {
@@ -442,5 +444,41 @@ func TestPoolNamesAreLabelValues(t *testing.T) {
 	}
 	if got := poolName("c1", "c1-workers", taken); got != "c1-workers" {
 		t.Errorf("cluster prefix doubled: %q", got)
+	}
+}
+
+// The migration's order: min-size removed to stop cluster-autoscaler, then
+// --apply. Without a sign that it was on purpose the group is skipped and
+// the message names the flag; named by --assume-node-group, or labelled
+// by an earlier --apply, it is converted with no minimum.
+func TestAGroupWhoseMinSizeWasRemovedOnPurposeIsConverted(t *testing.T) {
+	onlyMax := map[string]string{MaxSizeAnnotation: "4", capacity.CPUKey: "2", capacity.MemoryKey: "8Gi"}
+	plain := md("c1", "c1-general", 1, onlyMax)
+	in := Input{Templates: map[TemplateKey]*unstructured.Unstructured{}, MachineDeployments: []clusterv1.MachineDeployment{plain}}
+	res := Convert(in, Settings{})
+	if len(res.Workload) != 0 {
+		t.Fatalf("converted without a sign: %d objects", len(res.Workload))
+	}
+	if f := finding(t, res, "MachineDeployment team/c1-general", MinSizeAnnotation); f.Kind != Skipped || !strings.Contains(f.Message, "--assume-node-group=c1-general") {
+		t.Errorf("skipped without naming the flag: %s", f)
+	}
+
+	res = Convert(in, Settings{AssumeNodeGroups: []string{"team/c1-general"}})
+	if len(res.Workload) != 2 || len(res.Hub) != 1 {
+		t.Fatalf("--assume-node-group: %d workload and %d hub objects, want 2 and 1; report:\n%s", len(res.Workload), len(res.Hub), Report(res.Findings))
+	}
+	if f := finding(t, res, "MachineDeployment team/c1-general", MinSizeAnnotation); f.Kind != Mapped || !strings.Contains(f.Message, "--assume-node-group") {
+		t.Errorf("--assume-node-group: %s", f)
+	}
+	name := res.Workload[0].GetName()
+
+	labelled := md("c1", "c1-general", 1, onlyMax)
+	labelled.Labels = map[string]string{NodeClassLabel: name, "node.cluster.x-k8s.io/karpenter-member": ""}
+	again := Convert(Input{Templates: in.Templates, MachineDeployments: []clusterv1.MachineDeployment{labelled}}, Settings{})
+	if len(again.Workload) != 2 || again.Workload[0].GetName() != name {
+		t.Fatalf("re-run on the labelled MachineDeployment: %d objects; report:\n%s", len(again.Workload), Report(again.Findings))
+	}
+	if f := finding(t, again, "MachineDeployment team/c1-general", MinSizeAnnotation); f.Kind != Mapped || !strings.Contains(f.Message, "converted before") {
+		t.Errorf("re-run: %s", f)
 	}
 }

@@ -18,6 +18,21 @@ type Settings struct {
 	// Priorities is the priority expander's configuration: priority ->
 	// patterns of node group ids (ParsePriorities).
 	Priorities map[int][]*regexp.Regexp
+	// AssumeNodeGroups names objects ("<name>" or "<namespace>/<name>")
+	// whose min-size annotation was removed on purpose, to stop
+	// cluster-autoscaler before --apply: they are converted with max-size
+	// alone (--assume-node-group).
+	AssumeNodeGroups []string
+}
+
+// assumed reports whether the object was named by --assume-node-group.
+func (s Settings) assumed(namespace, name string) bool {
+	for _, a := range s.AssumeNodeGroups {
+		if a == name || a == namespace+"/"+name {
+			return true
+		}
+	}
+	return false
 }
 
 // ParseExpanders reads --expander's value ("priority,least-waste").

@@ -85,9 +85,14 @@ type Input struct {
 type nodeGroup struct {
 	kind, namespace, name, cluster string
 	min, max                       int32
-	replicas                       int32
-	annotations                    map[string]string
-	capacity                       capacity.Capacity
+	// nodeClass is the NodeClass an earlier --apply labelled it with.
+	nodeClass string
+	// minRemoved says why a node group without min-size was converted
+	// ("" when it has one).
+	minRemoved  string
+	replicas    int32
+	annotations map[string]string
+	capacity    capacity.Capacity
 	// cpu and memory per node, from the annotations or the template's
 	// status.capacity; zero when unknown.
 	cpu, memory resource.Quantity
@@ -124,11 +129,12 @@ var labelsThatVary = map[string]bool{
 
 // readNodeGroup validates one scalable resource. It returns nil and the
 // findings when the object is no node group or cannot be converted.
-func readNodeGroup(kind string, meta metav1.ObjectMeta, cluster string, replicas *int32, tmpl clusterv1.MachineTemplateSpec, templates map[TemplateKey]*unstructured.Unstructured) (*nodeGroup, []Finding) {
+func readNodeGroup(kind string, meta metav1.ObjectMeta, cluster string, replicas *int32, tmpl clusterv1.MachineTemplateSpec, templates map[TemplateKey]*unstructured.Unstructured, s Settings) (*nodeGroup, []Finding) {
 	g := &nodeGroup{kind: kind, namespace: meta.Namespace, name: meta.Name, cluster: cluster, annotations: meta.Annotations}
 	if _, owned := meta.Labels[clusterv1.ClusterTopologyOwnedLabel]; owned {
 		g.topologyWorker = meta.Labels[clusterv1.ClusterTopologyMachineDeploymentNameLabel]
 	}
+	g.nodeClass = meta.Labels[NodeClassLabel]
 	if replicas != nil {
 		g.replicas = *replicas
 	}
@@ -142,17 +148,34 @@ func readNodeGroup(kind string, meta metav1.ObjectMeta, cluster string, replicas
 	bad := func(field, format string, args ...any) {
 		findings = append(findings, Finding{Object: obj, Field: field, Kind: Skipped, Message: fmt.Sprintf(format, args...)})
 	}
-	if !hasMin || !hasMax {
+	if hasMax && !hasMin {
+		// cluster-autoscaler no longer scales it; converted when the
+		// min-size was removed on purpose: named by --assume-node-group,
+		// or labelled by an earlier --apply.
+		switch {
+		case s.assumed(meta.Namespace, meta.Name):
+			g.minRemoved = "--assume-node-group"
+		case meta.Labels[NodeClassLabel] != "":
+			g.minRemoved = "converted before: it carries " + NodeClassLabel + "=" + meta.Labels[NodeClassLabel]
+		}
+	}
+	if (!hasMin && g.minRemoved == "") || !hasMax {
 		missing := MinSizeAnnotation
 		if hasMin {
 			missing = MaxSizeAnnotation
 		}
-		bad(missing, "missing: cluster-autoscaler uses a node group only with both size annotations, so it was not one; not converted")
+		msg := "missing: cluster-autoscaler uses a node group only with both size annotations, so it was not one; not converted"
+		if missing == MinSizeAnnotation {
+			msg += "; if you removed it to stop cluster-autoscaler, name it with --assume-node-group=" + meta.Name
+		}
+		bad(missing, "%s", msg)
 		return nil, findings
 	}
 	var err error
-	if g.min, err = parseSize(minRaw); err != nil {
-		bad(MinSizeAnnotation, "%q: %v; not converted", minRaw, err)
+	if hasMin {
+		if g.min, err = parseSize(minRaw); err != nil {
+			bad(MinSizeAnnotation, "%q: %v; not converted", minRaw, err)
+		}
 	}
 	if g.max, err = parseSize(maxRaw); err != nil {
 		bad(MaxSizeAnnotation, "%q: %v; not converted", maxRaw, err)

@@ -431,11 +431,11 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			return 0, err
 		}
 		for _, in := range intents {
-			if in.kind == intentLower && errors.Is(in.err, errLowersElsewhere) && p.claimLeaving(ctx, in.claim) {
+			if in.kind == intentLower && deletesDirectly(in.err) && p.claimLeaving(ctx, in.claim) {
 				// As Release does: a rollout keeps the lowering off this
 				// Machine's MachineSet; exactly it goes, its replica
 				// stays Karpenter's (reclaimed for its NodeClaim).
-				log.FromContext(ctx).Info("deleting a released Machine: Cluster API lowers another MachineSet during the rollout", "Machine", client.ObjectKeyFromObject(in.machine), "NodeClaim", in.claim)
+				log.FromContext(ctx).Info("deleting a released Machine: Cluster API would take the lowering off another Machine", "why", in.err.Error(), "Machine", client.ObjectKeyFromObject(in.machine), "NodeClaim", in.claim)
 				if err := p.deleteMachine(ctx, in.machine); err != nil && !errors.Is(err, ErrMachineGone) {
 					return 0, err
 				}

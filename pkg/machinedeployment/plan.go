@@ -21,6 +21,12 @@ var ErrAtMaxSize = errors.New("at its max size (" + instancetype.MaxSizeAnnotati
 // of the write; the replica stays up until they do.
 var errNotCovered = errors.New("lowering would make the MachineSet remove a Machine the provider has not marked: replica left up")
 
+// errMarkedFirst: the provider's mark would cover the lowering, but a
+// Machine someone else marked sorts before it (Cluster API takes marked
+// Machines by name), so the MachineSet would remove that one instead. As
+// in a rollout, a release removes its Machine directly (design doc, "Release").
+var errMarkedFirst = fmt.Errorf("%w: a Machine someone else marked for deletion sorts first and would go instead", errNotCovered)
+
 // intentKind is what a caller wants of a MachineDeployment's replicas and
 // records (docs/design/machinedeployment-binding.md, "Intents").
 type intentKind int
@@ -233,12 +239,11 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 	minSize, maxSize, hasMax, sizeErr := sizeBounds(md)
 	// The gate (the one place that refuses a lowering): low is the
 	// MachineSet Cluster API takes a lowering from. uncovered is how many
-	// of its Machines that are neither deleting nor marked it would remove
-	// after losing d replicas: it may still create up to its replicas
-	// before it sees the write, and removes deleting and marked first.
+	// of its Machines that are neither deleting nor marked by the provider
+	// it would remove after losing d replicas, in its own order (removals).
 	low := lowers(md, v.sets, v.machines)
-	lc := count(low.machines, extra)
-	uncovered := func(d int32) int32 { return max(0, max(lc.all, low.base)-(low.base-d)-lc.deleting-lc.marked) }
+	order := removalsOf(low.machines, extra)
+	uncovered := func(d int32) int32 { return order.uncovered(low.base, d) }
 	spare := func() int32 { return owned - c.bound - int32(len(out.recs.pending)) }
 	lower := func(in *intent, what string) bool {
 		switch {
@@ -258,6 +263,9 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 			return false
 		case r0-(r-1) > low.room || uncovered(r0-(r-1)) > uncovered(0):
 			in.err = errNotCovered
+			if order.othersFirst(low.base, r0-(r-1)) {
+				in.err = errMarkedFirst
+			}
 			return false
 		}
 		out.lines = append(out.lines, fmt.Sprintf("replicas %d -> %d: %s", r, r-1, what))

@@ -61,7 +61,7 @@ func (p *Provider) release(ctx context.Context, claim string, m *clusterv1.Machi
 		if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
 			return err
 		}
-	case errors.Is(in.err, errLowersElsewhere) && why != whyFailedLaunch:
+	case deletesDirectly(in.err) && why != whyFailedLaunch:
 		// A rollout: Cluster API would take a lowering from another
 		// MachineSet than this Machine's (OnDelete: its oldest
 		// out-of-date one; a rolling update spreads it), maybe until the

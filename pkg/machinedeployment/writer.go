@@ -348,3 +348,11 @@ func refused(intents ...*intent) error {
 
 // isNotCovered reports whether a lowering was left out for lack of marks.
 func isNotCovered(err error) bool { return errors.Is(err, errNotCovered) }
+
+// deletesDirectly reports whether a release refused for err removes its
+// Machine directly (its NodeClaim leaving): Cluster API would take the
+// lowering off another Machine for a while nobody can bound (a rollout,
+// or a Machine someone else marked that sorts first).
+func deletesDirectly(err error) bool {
+	return errors.Is(err, errLowersElsewhere) || errors.Is(err, errMarkedFirst)
+}

@@ -1,9 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"os/exec"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -28,26 +28,17 @@ import (
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 )
 
-// convert runs the shipped binary's converter against the world.
-func convert(t *testing.T, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(bin, append([]string{caconvert.Command,
-		"--cluster-api-kubeconfig=" + w.HubKubeconfig, "--namespace=" + w.Namespace, "--cluster-name=" + w.ClusterName}, args...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("%s %v: %v\nstdout:\n%s\nstderr:\n%s", caconvert.Command, args, err, stdout.String(), stderr.String())
-	}
-	return stdout.String()
-}
-
-// The walkthrough of docs/migration-from-cluster-autoscaler.md: a Cluster set
-// up for cluster-autoscaler (two node groups with its size and capacity
-// annotations, one scaled from zero, one with a node cluster-autoscaler
-// started), the converter run as a subcommand of the provider binary, its
-// output applied, and Karpenter scheduling pods on the converted node groups
-// within their max-sizes: 2 + 3 replicas, one of them cluster-autoscaler's,
-// so 4 nodes for 5 one-per-node pods and one pod left pending.
+// The walkthrough of docs/migration-from-cluster-autoscaler.md, from the
+// doc's own commands (its blocks marked "walkthrough", in its order): a
+// Cluster set up for cluster-autoscaler (two node groups with its size and
+// capacity annotations, one scaled from zero, one with a node
+// cluster-autoscaler started), converted, the handed-over group's min-size
+// removed, applied twice (once first against the wrong cluster), checked;
+// then Karpenter schedules pods on the converted node groups within their
+// max-sizes: 2 + 3 replicas, one of them cluster-autoscaler's, so 4 nodes
+// for 5 one-per-node pods and one pod left pending; then cluster-autoscaler,
+// still running, scales: SoleScaler False within seconds, True again only
+// after the window.
 func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	ctx := context.Background()
 	discovered := map[string]string{"autoscaling": "ca-walk"} // cluster-autoscaler's --node-group-auto-discovery label
@@ -84,12 +75,24 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		_ = w.Spoke.Client.Delete(context.Background(), &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: poolName}})
 		_ = w.Spoke.Client.Delete(context.Background(), &v1alpha1.ClusterAPINodeClass{ObjectMeta: metav1.ObjectMeta{Name: poolName}})
 	})
+	doc := newWalkthrough(t, "../../docs/migration-from-cluster-autoscaler.md", map[string]string{
+		"MGMT": w.HubKubeconfig, "WORKLOAD": w.SpokeKubeconfig, "NAMESPACE": w.Namespace, "CLUSTER": w.ClusterName,
+		"SELECTOR": "autoscaling=ca-walk", "NODE_GROUP": "ca-walk-c5",
+	})
+	if want := []string{"convert", "stop cluster-autoscaler", "apply", "check"}; strings.Join(doc.order, ",") != strings.Join(want, ",") {
+		t.Fatalf("the doc's walkthrough blocks are %v, want %v", doc.order, want)
+	}
 
-	// 1. Print: the manifests and the report.
-	printed := convert(t, "--selector=autoscaling=ca-walk")
+	// 1. Convert: the manifests and the report, in converted.yaml.
+	doc.must(t, "convert")
+	raw, err := os.ReadFile(filepath.Join(doc.dir, "converted.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	printed := string(raw)
 	for _, want := range []string{
 		"kind: NodePool", "kind: ClusterAPINodeClass", "name: " + poolName,
-		"[not-carried] MachineDeployment " + w.Namespace + "/ca-walk-c5 " + caconvert.MinSizeAnnotation,
+		"[todo] MachineDeployment " + w.Namespace + "/ca-walk-c5 " + caconvert.MinSizeAnnotation + ": 1 kept",
 		"[todo] MachineDeployment " + w.Namespace + "/ca-walk-c5 spec.replicas",
 		"consolidateAfter: 30s", "nodes: \"5\"",
 	} {
@@ -97,15 +100,43 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 			t.Errorf("converter output lacks %q:\n%s", want, printed)
 		}
 	}
-	// 2. Apply, twice: the second run changes nothing.
-	applied := convert(t, "--selector=autoscaling=ca-walk", "--apply", "--kubeconfig="+w.SpokeKubeconfig)
-	if strings.Contains(applied, " unchanged") || strings.Count(applied, "created")+strings.Count(applied, "configured") != 4 {
+	if strings.Contains(printed, "[not-carried] MachineSet") {
+		t.Errorf("a MachineSet max-size line:\n%s", printed)
+	}
+	// 3. Stop cluster-autoscaler: min-size removed.
+	doc.must(t, "stop cluster-autoscaler")
+	// 4. Apply, first against the wrong cluster (the management cluster's
+	// kubeconfig as the workload's): refused, naming both, nothing written.
+	out, err := doc.run(t, "apply", "WORKLOAD="+w.HubKubeconfig)
+	if err == nil || !strings.Contains(out, "is not the workload cluster of Cluster "+w.Namespace+"/"+w.ClusterName) || !strings.Contains(out, w.Hub.Config.Host) {
+		t.Errorf("--apply against the management cluster: %v\n%s", err, out)
+	}
+	for _, md := range mds {
+		cur := &clusterv1.MachineDeployment{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := cur.Labels[v1alpha1.KarpenterMemberLabel]; ok {
+			t.Errorf("the refused --apply labelled %s", md.Name)
+		}
+	}
+	if err := w.Spoke.Client.Get(ctx, clientKey(poolName), &karpv1.NodePool{}); err == nil {
+		t.Errorf("the refused --apply wrote NodePool %s", poolName)
+	}
+	// Then as written, twice: the second run changes nothing.
+	applied := doc.must(t, "apply")
+	if strings.Contains(applied, " unchanged") || strings.Count(applied, " created")+strings.Count(applied, " configured") != 4 {
 		t.Errorf("first --apply:\n%s", applied)
 	}
-	again := convert(t, "--selector=autoscaling=ca-walk", "--apply", "--kubeconfig="+w.SpokeKubeconfig)
-	if strings.Count(again, " unchanged") != 4 {
+	if !strings.Contains(applied, "[mapped] MachineDeployment "+w.Namespace+"/ca-walk-c5 "+caconvert.MinSizeAnnotation+": removed (--assume-node-group)") {
+		t.Errorf("first --apply does not report the min-size removed on purpose:\n%s", applied)
+	}
+	again := doc.must(t, "apply")
+	if strings.Count(again, " unchanged") != 4 || strings.Contains(again, " created") || strings.Contains(again, " configured") {
 		t.Errorf("second --apply changed something:\n%s", again)
 	}
+	// 5. Check: Ready, SoleScaler True.
+	doc.must(t, "check")
 
 	// 3. Pods that select the node groups' label, one per node.
 	podDeployment(t, "", "ca-walk-app", 5, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500m")}, func(s *corev1.PodSpec) {
@@ -126,6 +157,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		t.Fatalf("replicas went beyond max-size on %v", over)
 	}
 	t.Logf("converted node groups serve the pods within their max-sizes: %s", got)
+	caStillWrites(t, mds[1], poolName)
 	// The pending pod stays pending: both node groups are at their max-size.
 	for _, md := range mds {
 		cur := &clusterv1.MachineDeployment{}
@@ -136,6 +168,60 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 			t.Fatalf("%s: %d replicas, max-size %d", md.Name, *cur.Spec.Replicas, maxes[md.Name])
 		}
 	}
+}
+
+// caStillWrites: cluster-autoscaler, still running, lowers md through its
+// scale subresource: SoleScaler turns False within seconds and stays False
+// until suiteSoleScalerWindow has passed since, then turns True.
+func caStillWrites(t *testing.T, md *clusterv1.MachineDeployment, nodeClass string) {
+	ctx := context.Background()
+	cfg := rest.CopyConfig(w.Hub.Config)
+	cfg.UserAgent = "cluster-autoscaler/v1.33.0"
+	autoscaler, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := &clusterv1.MachineDeployment{}
+	if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+		t.Fatal(err)
+	}
+	if err := autoscaler.SubResource("scale").Update(ctx, cur, client.WithSubResourceBody(&autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: *cur.Spec.Replicas - 1}})); err != nil {
+		t.Fatal(err)
+	}
+	wrote := time.Now()
+	sole := func(ctx context.Context) (*metav1.Condition, error) {
+		nc := &v1alpha1.ClusterAPINodeClass{}
+		if err := w.Spoke.Client.Get(ctx, clientKey(nodeClass), nc); err != nil {
+			return nil, err
+		}
+		c := nc.StatusConditions().Get(coexistence.ConditionTypeSoleScaler)
+		if c == nil {
+			return nil, nil
+		}
+		return &metav1.Condition{Status: c.Status, Reason: c.Reason, Message: c.Message}, nil
+	}
+	if err := WaitFor(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+		c, err := sole(ctx)
+		return c != nil && c.Status == metav1.ConditionFalse, err
+	}); err != nil {
+		t.Fatalf("SoleScaler not False within 30 s of cluster-autoscaler's write: %v", err)
+	}
+	t.Logf("SoleScaler False %s after cluster-autoscaler's write", time.Since(wrote).Round(time.Second))
+	var trueAt time.Time
+	if err := WaitFor(ctx, suiteSoleScalerWindow+time.Minute, func(ctx context.Context) (bool, error) {
+		c, err := sole(ctx)
+		if c != nil && c.Status == metav1.ConditionTrue {
+			trueAt = time.Now()
+			return true, nil
+		}
+		return false, err
+	}); err != nil {
+		t.Fatalf("SoleScaler not True again within the window (%s) and a minute: %v", suiteSoleScalerWindow, err)
+	}
+	if after := trueAt.Sub(wrote); after < suiteSoleScalerWindow {
+		t.Errorf("SoleScaler True %s after cluster-autoscaler's write, before the window (%s)", after.Round(time.Second), suiteSoleScalerWindow)
+	}
+	t.Logf("SoleScaler True again %s after cluster-autoscaler's write (window %s)", trueAt.Sub(wrote).Round(time.Second), suiteSoleScalerWindow)
 }
 
 // cluster-autoscaler still running scales a MachineDeployment Karpenter

@@ -51,6 +51,11 @@ type Provider struct {
 // exhausted offering out (production default: 3 minutes).
 const suiteUnavailableTTL = 40 * time.Second
 
+// suiteSoleScalerWindow is the shared provider's --sole-scaler-window
+// (production default: 15 minutes), short so that a test sees SoleScaler
+// turn True again.
+const suiteSoleScalerWindow = 45 * time.Second
+
 // StartProvider starts the provider binary against the world, scoped to its
 // namespace and Cluster, with extra arguments.
 func StartProvider(bin string, w *world.World, logName string, extra ...string) (*Provider, error) {

@@ -67,7 +67,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	provider, err = StartProvider(bin, w, "provider.log")
+	provider, err = StartProviderWithEnv(bin, w, "provider.log", []string{"SOLE_SCALER_WINDOW=" + suiteSoleScalerWindow.String()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

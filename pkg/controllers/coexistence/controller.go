@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -41,6 +42,16 @@ type Controller struct {
 	kubeClient client.Client
 	hub        *hub.Hub
 	hubEvents  record.EventRecorder
+	seen       sightings
+	// now is the clock (time.Now when nil).
+	now func() time.Time
+}
+
+func (c *Controller) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
 }
 
 // NewController returns the controller; kubeClient is the workload
@@ -92,7 +103,19 @@ func (c *Controller) recordChange(oldObj, newObj client.Object) {
 	if !ok1 || !ok2 || oldMD.Spec.Replicas == nil || newMD.Spec.Replicas == nil || *oldMD.Spec.Replicas == *newMD.Spec.Replicas {
 		return
 	}
-	if !Watched(newMD) || ProviderOwnsReplicas(newMD) || c.hubEvents == nil {
+	if !Watched(newMD) || ProviderOwnsReplicas(newMD) {
+		return
+	}
+	var autoscalers []Writer
+	for _, w := range ReplicaWriters(newMD) {
+		if w.Autoscaler() {
+			autoscalers = append(autoscalers, w)
+		}
+	}
+	if len(autoscalers) > 0 {
+		c.seen.saw(types.NamespacedName{Namespace: newMD.Namespace, Name: newMD.Name}, c.clock(), autoscalers)
+	}
+	if c.hubEvents == nil {
 		return
 	}
 	c.hubEvents.Event(newMD, corev1.EventTypeWarning, ReasonReplicasChangedByAnotherWriter,
@@ -129,26 +152,29 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil
 	}
 	stored := nc.DeepCopy()
+	var requeue time.Duration
 	if nc.Spec.ScalableResourceSelector == nil {
 		if nc.StatusConditions().Get(ConditionTypeSoleScaler) == nil {
 			return reconcile.Result{}, nil // nothing to say, nothing to clear
 		}
 		_ = nc.StatusConditions().Clear(ConditionTypeSoleScaler)
 	} else {
-		scaled, err := c.scaledByOthers(ctx, nc.Spec.ScalableResourceSelector)
+		scaled, recheck, err := c.scaledByOthers(ctx, nc.Spec.ScalableResourceSelector)
 		if err != nil {
 			return reconcile.Result{}, err // a hub read failed: leave the condition as it is
 		}
+		requeue = recheck
 		if len(scaled) == 0 {
 			nc.StatusConditions().SetTrueWithReason(ConditionTypeSoleScaler, ReasonSoleScaler, "")
 		} else {
 			nc.StatusConditions().SetFalse(ConditionTypeSoleScaler, ReasonScaledByAnotherAutoscaler, truncate(strings.Join(scaled, "; ")+
-				": another autoscaler scales these MachineDeployments too; hand them over (remove their min-size annotation for cluster-autoscaler, "+
-				"or narrow its --node-group-auto-discovery) or keep the two on different node groups"))
+				" (or keep the two autoscalers on different node groups)"))
 		}
 	}
+	// Looked at again when the newest sighting leaves the window.
+	done := reconcile.Result{RequeueAfter: requeue}
 	if equality.Semantic.DeepEqual(stored.Status, nc.Status) {
-		return reconcile.Result{}, nil
+		return done, nil
 	}
 	if err := c.kubeClient.Status().Patch(ctx, nc, client.MergeFromWithOptions(stored, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
@@ -156,38 +182,41 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, fmt.Errorf("patching status of ClusterAPINodeClass %s: %w", nc.Name, err)
 	}
-	return reconcile.Result{}, nil
+	return done, nil
 }
 
 // scaledByOthers describes each selected member MachineDeployment whose
-// replicas an autoscaler other than the provider owns.
-func (c *Controller) scaledByOthers(ctx context.Context, selector *metav1.LabelSelector) ([]string, error) {
+// replicas another autoscaler changed within the window, and when the
+// first of them leaves it.
+func (c *Controller) scaledByOthers(ctx context.Context, selector *metav1.LabelSelector) ([]string, time.Duration, error) {
 	sel, err := metav1.LabelSelectorAsSelector(selector)
 	if err != nil {
-		return nil, nil // the InstanceTypesResolved condition says so
+		return nil, 0, nil // the InstanceTypesResolved condition says so
 	}
 	mds := &clusterv1.MachineDeploymentList{}
 	if err := c.hub.GetCache().List(ctx, mds, c.hub.Scope.ListOptions(hub.HasLabel(sel, v1alpha1.KarpenterMemberLabel))...); err != nil {
-		return nil, fmt.Errorf("listing MachineDeployments: %w", err)
+		return nil, 0, fmt.Errorf("listing MachineDeployments: %w", err)
 	}
+	now, win := c.clock(), window(ctx)
 	var out []string
+	var recheck time.Duration
 	for i := range mds.Items {
 		md := &mds.Items[i]
 		if !c.hub.Scope.Contains(md, md.Spec.ClusterName) {
 			continue
 		}
-		var autoscalers []Writer
-		for _, w := range ReplicaWriters(md) {
-			if w.Autoscaler() {
-				autoscalers = append(autoscalers, w)
-			}
+		seen, found := c.seen.last(md, now)
+		msg, left := verdict(md, seen, found, now, win)
+		if msg == "" {
+			continue
 		}
-		if len(autoscalers) > 0 {
-			out = append(out, fmt.Sprintf("MachineDeployment %s/%s: spec.replicas written by %s", md.Namespace, md.Name, describe(autoscalers)))
+		out = append(out, msg)
+		if recheck == 0 || left < recheck {
+			recheck = left
 		}
 	}
 	sort.Strings(out)
-	return out, nil
+	return out, recheck, nil
 }
 
 func truncate(s string) string {

@@ -101,6 +101,13 @@ func (w *world) step(rng *rand.Rand, log func(string)) {
 		if m := w.rollByHand(md); m != "" {
 			log("someone deletes " + m + ", a Machine of an old MachineSet of " + md)
 		}
+	case r < 83:
+		// A person choosing Machines for the next scale-down (the
+		// migration from cluster-autoscaler tells users to), beside the
+		// provider's own marks: Cluster API ranks every mark alike.
+		if what := w.markByHand(rng); what != "" {
+			log(what)
+		}
 	}
 	for _, name := range w.claimNames() {
 		if c := w.claims[name]; !c.launched && !c.deleting && w.now.Sub(c.created) >= launchTimeout {
@@ -154,6 +161,7 @@ func (w *world) settle() {
 	w.hub.SetLag(false)
 	w.exhausted = map[string]bool{}
 	w.stalled = map[string]bool{}
+	w.withdrawUserMarks()
 	rng := rand.New(rand.NewSource(1))
 	// Rollouts end: RollingUpdate by itself, OnDelete as its user deletes
 	// the old MachineSets' Machines, one per MachineDeployment at a time.
@@ -223,8 +231,9 @@ func steps() int {
 
 // TestBindingModel interleaves Creates, Deletes, restarts, cache lag,
 // others' replica changes, MachineHealthCheck deletions, max/min-size
-// changes, failed launches and rollouts (a new template under OnDelete or
-// RollingUpdate, old Machines deleted by hand) at random, checking every
+// changes, failed launches, rollouts (a new template under OnDelete or
+// RollingUpdate, old Machines deleted by hand) and people's delete-machine
+// marks (with or without their own lowering) at random, checking every
 // invariant of docs/design/machinedeployment-binding.md on every write and
 // after every step, and that everything settles. A failure prints the seed
 // and the steps; `go test ./pkg/machinedeployment/model -seed N -steps M`

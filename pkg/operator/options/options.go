@@ -38,6 +38,7 @@ const (
 	FlagRenewDeadline        = "leader-election-renew-deadline"
 	FlagRetryPeriod          = "leader-election-retry-period"
 	FlagApproveKubeletCSRs   = "approve-kubelet-csrs"
+	FlagSoleScalerWindow     = "sole-scaler-window"
 	// FlagKubeletCSRServiceAccounts names the service accounts, besides
 	// bootstrap tokens, whose client requests count as a bootstrapper's.
 	FlagKubeletCSRServiceAccounts = "kubelet-csr-bootstrap-service-accounts"
@@ -98,6 +99,10 @@ type Options struct {
 	// KubeletCSRServingExternalAddresses lets serving certificates carry the
 	// Machines' ExternalIP and ExternalDNS addresses.
 	KubeletCSRServingExternalAddresses bool
+	// SoleScalerWindow is how long after another autoscaler last changed
+	// a member MachineDeployment's replicas its NodeClass's SoleScaler
+	// stays False (package coexistence; 15m when 0).
+	SoleScalerWindow time.Duration
 
 	repairConditionsRaw   string
 	csrServiceAccountsRaw string
@@ -131,6 +136,8 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 		"With --approve-kubelet-csrs: who may ask for a node's first client certificate: \"identities\" (bootstrap tokens and --kubelet-csr-bootstrap-service-accounts) or \"subjectaccessreview\" (whoever the workload cluster authorizes to create certificatesigningrequests/nodeclient, as kube-controller-manager asks; needs create on subjectaccessreviews).")
 	fs.BoolVarWithEnv(&o.KubeletCSRServingExternalAddresses, FlagKubeletCSRServingExternal, "KUBELET_CSR_SERVING_EXTERNAL_ADDRESSES", false,
 		"With --approve-kubelet-csrs: let kubelet serving certificates carry their Machine's ExternalIP and ExternalDNS addresses (internal addresses only by default).")
+	fs.DurationVar(&o.SoleScalerWindow, FlagSoleScalerWindow, env.WithDefaultDuration("SOLE_SCALER_WINDOW", 15*time.Minute),
+		"How long after another autoscaler (cluster-autoscaler, kubectl scale) last changed a member MachineDeployment's spec.replicas its NodeClass's condition SoleScaler stays False.")
 	fs.StringVar(&o.repairConditionsRaw, FlagRepairConditions, env.WithDefaultString("REPAIR_CONDITIONS", ""),
 		"Node conditions, besides Ready, that make Karpenter replace a node once they held for a while (feature gate NodeRepair): <type>=<status>:<toleration>,... e.g. KernelDeadlock=True:10m.")
 }
@@ -173,6 +180,9 @@ func (o *Options) Validate() error {
 	o.RepairConditions = conditions
 	if err := o.validateKubeletCSRs(); err != nil {
 		return err
+	}
+	if o.SoleScalerWindow < 0 {
+		return fmt.Errorf("--%s (SOLE_SCALER_WINDOW): %s is negative", FlagSoleScalerWindow, o.SoleScalerWindow)
 	}
 	if o.UnavailableTTL <= 0 {
 		return fmt.Errorf("--%s (UNAVAILABLE_OFFERINGS_TTL): %s is not a positive duration", FlagUnavailableTTL, o.UnavailableTTL)
