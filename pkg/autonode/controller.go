@@ -271,12 +271,15 @@ func (r *Reconciler) applyObject(ctx context.Context, obj client.Object) error {
 	return nil
 }
 
-// removeProvider deletes AutoNode's objects of the Cluster, the Deployment
-// first; only objects carrying AutoNode's label (never another's of the
-// same name), each at the version read (UID precondition).
+// removeProvider deletes AutoNode's objects of the Cluster; only objects
+// carrying AutoNode's label (never another's of the same name), each at the
+// version read (UID precondition). The Deployment goes last: it is what
+// makes a Cluster count as having a provider, so a removal that fails half
+// way is taken up again by the next reconcile instead of leaving its
+// ServiceAccount, RoleBinding and ConfigMap behind.
 func (r *Reconciler) removeProvider(ctx context.Context, c *clusterv1.Cluster) error {
 	key := client.ObjectKey{Namespace: c.Namespace, Name: ObjectName(c)}
-	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &corev1.ServiceAccount{}, &corev1.ConfigMap{}} {
+	for _, obj := range []client.Object{&rbacv1.RoleBinding{}, &corev1.ServiceAccount{}, &corev1.ConfigMap{}, &appsv1.Deployment{}} {
 		err := r.APIReader.Get(ctx, key, obj)
 		if apierrors.IsNotFound(err) {
 			continue

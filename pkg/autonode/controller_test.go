@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -49,7 +50,7 @@ func TestReconcilerAgainstAnAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(api.Config, client.Options{Scheme: s})
+	c, err := client.NewWithWatch(api.Config, client.Options{Scheme: s})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +66,7 @@ func TestReconcilerAgainstAnAPIServer(t *testing.T) {
 	t.Run("hand-installed provider", e.handInstalled)
 	t.Run("opt out removes the nodes first", e.optOut)
 	t.Run("opt out keeping the nodes", e.optOutKeepingNodes)
+	t.Run("a removal that fails half way is finished later", e.removalRetried)
 }
 
 type env struct {
@@ -361,5 +363,43 @@ func (e *env) optOutKeepingNodes(t *testing.T) {
 	}
 	if err := e.c.Get(ctx, client.ObjectKey{Namespace: "team-c", Name: "keep-karpenter"}, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
 		t.Errorf("provider still there: %v", err)
+	}
+}
+
+// The API server refuses the ServiceAccount's deletion once: the reconcile
+// fails, the provider still counts as there, and the next reconcile removes
+// everything. (Deleting the Deployment first left the rest behind for good:
+// with no Deployment the Cluster no longer counted as having a provider.)
+func (e *env) removalRetried(t *testing.T) {
+	ctx := context.Background()
+	cl := e.cluster(t, "team-d", "flaky", map[string]string{EnabledLabel: Enabled})
+	e.initialize(t, cl)
+	e.want(t, cl, ReasonStarting, "team-d/flaky")
+	refused := 0
+	flaky := interceptor.NewClient(e.c.(client.WithWatch), interceptor.Funcs{
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			if _, sa := obj.(*corev1.ServiceAccount); sa && refused == 0 {
+				refused++
+				return apierrors.NewServiceUnavailable("injected: deleting a ServiceAccount")
+			}
+			return c.Delete(ctx, obj, opts...)
+		},
+	})
+	r := *e.r
+	r.Client = flaky
+	e.setMetadata(t, cl, map[string]string{EnabledLabel: ""}, map[string]string{OnDisableAnnotation: KeepNodes})
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: cl.Namespace, Name: cl.Name}}
+	if _, err := r.Reconcile(log.IntoContext(ctx, logr.Discard()), req); err == nil {
+		t.Fatal("reconcile succeeded although a deletion was refused")
+	}
+	e.deployment(t, cl) // still there: the next reconcile takes the removal up again
+	if _, err := r.Reconcile(log.IntoContext(ctx, logr.Discard()), req); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKey{Namespace: cl.Namespace, Name: ObjectName(cl)}
+	for _, o := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &corev1.ServiceAccount{}, &corev1.ConfigMap{}} {
+		if err := e.c.Get(ctx, key, o); !apierrors.IsNotFound(err) {
+			t.Errorf("%T %s left behind: %v", o, key, err)
+		}
 	}
 }

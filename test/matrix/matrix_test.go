@@ -30,6 +30,7 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
 	"github.com/autonode/karpenter-clusterapi/pkg/capacity"
 	"github.com/autonode/karpenter-clusterapi/pkg/cloudprovider"
+	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/instancetype"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
 	"github.com/autonode/karpenter-clusterapi/test/world"
@@ -435,11 +436,40 @@ func launchedSources(t *testing.T, c Case, tg *target, created *karpv1.NodeClaim
 			if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: fmt.Sprintf("%s-%d", c.Name(), s.Index)}, md); err != nil {
 				t.Fatal(err)
 			}
-			if r := *md.Spec.Replicas; r == 1 {
-				out = append(out, s.Index)
-			} else if r != 0 {
+			r := *md.Spec.Replicas
+			if r > 1 {
 				t.Fatalf("MachineDeployment %s at %d replicas", md.Name, r)
 			}
+			if r == 0 {
+				continue
+			}
+			// Where the NodeClaim is: its reservation, or a Machine bound
+			// to it. A replica that is neither is a launch that moved off a
+			// MachineSet that made no Machine in time (a slow hub): a free
+			// reservation, given back with the Machine made for it.
+			pending, err := hub.PendingNodeClaims(md)
+			if err != nil {
+				t.Fatal(err)
+			}
+			machines := &clusterv1.MachineList{}
+			if err := w.Hub.Client.List(ctx, machines, client.InNamespace(w.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+				t.Fatal(err)
+			}
+			_, reserved := pending[created.Name]
+			bound := false
+			for _, m := range machines.Items {
+				bound = bound || m.Annotations[v1alpha1.NodeClaimAnnotation] == created.Name
+			}
+			if reserved || bound {
+				out = append(out, s.Index)
+				continue
+			}
+			for k := range pending {
+				if !strings.HasPrefix(k, "moved:") {
+					t.Fatalf("MachineDeployment %s holds a replica for NodeClaim %q, not this case's %s", md.Name, k, created.Name)
+				}
+			}
+			t.Logf("MachineDeployment %s keeps the free replica of a launch that moved off it (reservations %v)", md.Name, pending)
 		}
 		return out
 	}
