@@ -104,6 +104,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	d := Decide(o)
+	if d.Step == Report && d.Reason == ReasonDisabled {
+		// The Deployment's deletion is seen before the condition the
+		// opt-out wrote with it reaches the cache: ask the API server, so
+		// that how the opt-out ended is kept.
+		fresh := &clusterv1.Cluster{}
+		if err := r.APIReader.Get(ctx, req.NamespacedName, fresh); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+		if cond := currentCondition(fresh); cond != nil && cond.Reason == ReasonDisabled {
+			d = Decision{Step: Leave}
+		}
+	}
 	log.FromContext(ctx).V(1).Info("decided", "step", d.Step, "reason", d.Reason)
 	switch d.Step {
 	case Leave:
