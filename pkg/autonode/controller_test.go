@@ -71,6 +71,52 @@ func TestReconcilerAgainstAnAPIServer(t *testing.T) {
 	t.Run("opt out keeping the nodes", e.optOutKeepingNodes)
 	t.Run("a removal that fails half way is finished later", e.removalRetried)
 	t.Run("the provider's workload identity", func(t *testing.T) { e.workloadIdentity(t, api.Config) })
+	t.Run("a Cluster being deleted is left alone", e.deletingLeftAlone)
+}
+
+// Deleting the Cluster never waits on Karpenter: AutoNode puts no finalizer
+// on it and, once it is being deleted, writes nothing (its objects go with
+// the Cluster by their owner references).
+func (e *env) deletingLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	cl := e.cluster(t, "team-d", "gone", map[string]string{EnabledLabel: Enabled})
+	e.initialize(t, cl)
+	e.reconcile(t, cl)
+	if f := e.get(t, cl).Finalizers; len(f) > 0 {
+		t.Errorf("AutoNode put finalizers %v on the Cluster", f)
+	}
+	// Another controller's finalizer keeps the deleted Cluster visible.
+	cur := e.get(t, cl)
+	cur.Finalizers = []string{"test.example/hold"}
+	if err := e.c.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cur := e.get(t, cl)
+		cur.Finalizers = nil
+		_ = e.c.Update(context.Background(), cur)
+	})
+	if err := e.c.Delete(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	dep := e.deployment(t, cl)
+	e.setMetadata(t, cl, map[string]string{EnabledLabel: Disabled}, nil) // even an opt-out now
+	before := e.get(t, cl)
+	if res := e.reconcile(t, cl); res.RequeueAfter != 0 {
+		t.Errorf("requeued a Cluster being deleted after %s", res.RequeueAfter)
+	}
+	after := e.get(t, cl)
+	if after.ResourceVersion != before.ResourceVersion || len(after.Finalizers) != 1 {
+		t.Errorf("AutoNode wrote to a Cluster being deleted: resourceVersion %s→%s, finalizers %v", before.ResourceVersion, after.ResourceVersion, after.Finalizers)
+	}
+	if d := e.deployment(t, cl); d.ResourceVersion != dep.ResourceVersion || !d.DeletionTimestamp.IsZero() {
+		t.Errorf("AutoNode touched the provider of a Cluster being deleted: %s→%s", dep.ResourceVersion, d.ResourceVersion)
+	}
+	for _, ref := range dep.OwnerReferences {
+		if ref.UID == cl.UID && ptr.Deref(ref.BlockOwnerDeletion, false) {
+			t.Error("the provider blocks its Cluster's deletion")
+		}
+	}
 }
 
 // The provider's identity in the workload cluster: its token authenticates
