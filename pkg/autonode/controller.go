@@ -58,8 +58,8 @@ type Reconciler struct {
 	Now func() time.Time
 }
 
-// SetupWithManager watches Clusters, the provider Deployments AutoNode owns
-// and the Clusters' kubeconfig Secrets.
+// SetupWithManager watches Clusters, the provider Deployments AutoNode owns,
+// the Clusters' kubeconfig Secrets and the providers' token Secrets.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Workload == nil {
 		r.Workload = NewWorkloadClient
@@ -80,10 +80,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// clusterOfKubeconfig maps "<cluster>-kubeconfig" to its Cluster.
+// clusterOfKubeconfig maps "<cluster>-kubeconfig" and AutoNode's token
+// Secret "<cluster>-karpenter-workload" to their Cluster.
 func clusterOfKubeconfig(_ context.Context, o client.Object) []reconcile.Request {
 	name := o.GetLabels()[clusterv1.ClusterNameLabel]
-	if name == "" || o.GetName() != name+"-kubeconfig" {
+	if name == "" || (o.GetName() != name+"-kubeconfig" && o.GetName() != name+nameSuffix+"-workload") {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}

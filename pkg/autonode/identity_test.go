@@ -2,6 +2,7 @@ package autonode
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -145,5 +146,19 @@ func TestWorkloadIdentity(t *testing.T) {
 	g, r = names(true)
 	if !strings.Contains(strings.Join(g, " "), "ClusterRoleBinding/karpenter-clusterapi-csr-approver") || len(r) != 0 {
 		t.Errorf("with approve-kubelet-csrs: grant %v, revoke %v", g, r)
+	}
+}
+
+// A deleted or changed token Secret brings its Cluster back at once.
+func TestTokenSecretMapsToItsCluster(t *testing.T) {
+	cl := cluster(map[string]string{EnabledLabel: Enabled}, nil)
+	s := tokenSecret(cl, nil, Token{})
+	got := clusterOfKubeconfig(context.Background(), s)
+	if len(got) != 1 || got[0].Name != cl.Name || got[0].Namespace != cl.Namespace {
+		t.Errorf("token Secret %s maps to %v", s.Name, got)
+	}
+	s.Name = "other-karpenter-workload"
+	if got := clusterOfKubeconfig(context.Background(), s); len(got) != 0 {
+		t.Errorf("another name maps to %v", got)
 	}
 }
