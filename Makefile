@@ -117,13 +117,17 @@ generate: ## Generate deepcopy, CRDs and RBAC
 	cp config/rbac/autonode/role.yaml charts/karpenter-clusterapi-autonode/rbac/autonode-role.yaml
 	cp config/rbac/hub/role.yaml charts/karpenter-clusterapi-autonode/rbac/hub-role.yaml
 	cp config/rbac/csr-approver-sar/role.yaml charts/karpenter-clusterapi/rbac/csr-approver-sar-role.yaml
+	@# AutoNode applies the provider's workload-cluster RBAC itself (go:embed cannot reach config/).
+	rm -f pkg/autonode/workloadrbac/*.yaml
+	for f in role core_role role_binding leader_election_role node_lease_role; do cp config/rbac/workload/$$f.yaml pkg/autonode/workloadrbac/workload-$$f.yaml; done
+	for f in role role_binding; do cp config/rbac/csr-approver/$$f.yaml pkg/autonode/workloadrbac/csr-approver-$$f.yaml; done
 
 .PHONY: verify
 verify: generate ## Fail when generated files or go.mod are stale
 	go mod tidy
-	@git diff --exit-code -- go.mod go.sum pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac charts/karpenter-clusterapi-autonode/rbac || \
+	@git diff --exit-code -- go.mod go.sum pkg/apis pkg/operator/crds/bases pkg/autonode/workloadrbac config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac charts/karpenter-clusterapi-autonode/rbac || \
 		{ echo "generated files are stale: run 'make generate' (and 'go mod tidy') and commit the result"; exit 1; }
-	@untracked=$$(git ls-files --others --exclude-standard -- pkg/apis pkg/operator/crds/bases config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac charts/karpenter-clusterapi-autonode/rbac); \
+	@untracked=$$(git ls-files --others --exclude-standard -- pkg/apis pkg/operator/crds/bases pkg/autonode/workloadrbac config charts/karpenter-clusterapi/crds charts/karpenter-clusterapi/rbac charts/karpenter-clusterapi-autonode/rbac); \
 		if [ -n "$$untracked" ]; then echo "generated files not committed: $$untracked"; exit 1; fi
 
 .PHONY: lint

@@ -52,18 +52,23 @@ type Reconciler struct {
 	Recorder   record.EventRecorder
 	// Workload opens a workload cluster's client; NewWorkloadClient by default.
 	Workload WorkloadClients
+	// InstallCRDs installs the CRDs in a workload cluster; NewInstallCRDs by default.
+	InstallCRDs InstallCRDs
 	// Now is the clock of condition transitions; time.Now by default.
 	Now func() time.Time
 }
 
-// SetupWithManager watches Clusters, the provider Deployments AutoNode owns
-// and the Clusters' kubeconfig Secrets.
+// SetupWithManager watches Clusters, the provider Deployments AutoNode owns,
+// the Clusters' kubeconfig Secrets and the providers' token Secrets.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Workload == nil {
 		r.Workload = NewWorkloadClient
 	}
 	if r.Now == nil {
 		r.Now = time.Now
+	}
+	if r.InstallCRDs == nil {
+		r.InstallCRDs = NewInstallCRDs
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("autonode").
@@ -75,10 +80,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// clusterOfKubeconfig maps "<cluster>-kubeconfig" to its Cluster.
+// clusterOfKubeconfig maps "<cluster>-kubeconfig" and AutoNode's token
+// Secret "<cluster>-karpenter-workload" to their Cluster.
 func clusterOfKubeconfig(_ context.Context, o client.Object) []reconcile.Request {
 	name := o.GetLabels()[clusterv1.ClusterNameLabel]
-	if name == "" || o.GetName() != name+"-kubeconfig" {
+	if name == "" || (o.GetName() != name+"-kubeconfig" && o.GetName() != name+nameSuffix+"-workload") {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
@@ -99,6 +105,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	d := Decide(o)
+	if d.Step == Report && d.Reason == ReasonDisabled {
+		// The Deployment's deletion is seen before the condition the
+		// opt-out wrote with it reaches the cache: ask the API server, so
+		// that how the opt-out ended is kept.
+		fresh := &clusterv1.Cluster{}
+		if err := r.APIReader.Get(ctx, req.NamespacedName, fresh); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+		if cond := currentCondition(fresh); cond != nil && cond.Reason == ReasonDisabled {
+			d = Decision{Step: Leave}
+		}
+	}
 	log.FromContext(ctx).V(1).Info("decided", "step", d.Step, "reason", d.Reason)
 	switch d.Step {
 	case Leave:
@@ -106,7 +124,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case Report:
 		return r.report(ctx, c, d, requeueOf(d))
 	case Apply:
-		return r.apply(ctx, c, o.Settings, provider)
+		return r.apply(ctx, c, o.Settings, provider, kubeconfig)
 	case DeleteNodePools:
 		if err := r.deleteNodePools(ctx, kubeconfig); err != nil {
 			d = Decision{Reason: ReasonWorkloadClusterUnreachable, Message: fmt.Sprintf("opting out: Cluster %s: %v", o.Cluster, err)}
@@ -115,7 +133,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case WaitForNodes:
 		return r.report(ctx, c, d, removingNodesRequeue)
 	case RemoveProvider:
-		if err := r.removeProvider(ctx, c); err != nil {
+		if err := r.removeProvider(ctx, c, kubeconfig); err != nil {
 			return reconcile.Result{}, err
 		}
 		return r.report(ctx, c, d, 0)
@@ -241,19 +259,30 @@ func (r *Reconciler) deleteNodePools(ctx context.Context, kubeconfig []byte) err
 	return deleteNodePools(ctx, wl)
 }
 
-// apply server-side applies the desired objects, then reports the
-// provider's state as last seen.
-func (r *Reconciler) apply(ctx context.Context, c *clusterv1.Cluster, s Settings, provider *appsv1.Deployment) (reconcile.Result, error) {
+// apply gives the provider its workload-cluster identity (ServiceAccount,
+// RBAC, token Secret), server-side applies the desired objects, then
+// reports the provider's state as last seen. It comes back before the
+// token must be renewed.
+func (r *Reconciler) apply(ctx context.Context, c *clusterv1.Cluster, s Settings, provider *appsv1.Deployment, kubeconfig []byte) (reconcile.Result, error) {
+	failed := func(err error) (reconcile.Result, error) {
+		d := Decision{Reason: ReasonApplyFailed, Message: fmt.Sprintf("Cluster %s/%s: %v", c.Namespace, c.Name, err)}
+		if _, rerr := r.report(ctx, c, d, 0); rerr != nil {
+			return reconcile.Result{}, errors.Join(err, rerr)
+		}
+		return reconcile.Result{}, err
+	}
+	// The CRDs on a first start and with each new controller version.
+	installCRDs := provider == nil || provider.Annotations[VersionAnnotation] != r.Config.Version
+	renewIn, err := r.ensureWorkloadIdentity(ctx, c, s, kubeconfig, installCRDs)
+	if err != nil {
+		return failed(err)
+	}
 	for _, obj := range Desired(c, s, r.Config) {
 		if err := r.applyObject(ctx, obj); err != nil {
-			d := Decision{Reason: ReasonApplyFailed, Message: fmt.Sprintf("Cluster %s/%s: %v", c.Namespace, c.Name, err)}
-			if _, rerr := r.report(ctx, c, d, 0); rerr != nil {
-				return reconcile.Result{}, errors.Join(err, rerr)
-			}
-			return reconcile.Result{}, err
+			return failed(err)
 		}
 	}
-	return r.report(ctx, c, providerStatus(c.Namespace+"/"+c.Name, provider, s.Replicas, image(s, r.Config), r.Config.Version), 0)
+	return r.report(ctx, c, providerStatus(c.Namespace+"/"+c.Name, provider, s.Replicas, image(s, r.Config), r.Config.Version), renewIn)
 }
 
 func (r *Reconciler) applyObject(ctx context.Context, obj client.Object) error {
@@ -271,15 +300,26 @@ func (r *Reconciler) applyObject(ctx context.Context, obj client.Object) error {
 	return nil
 }
 
-// removeProvider deletes AutoNode's objects of the Cluster; only objects
-// carrying AutoNode's label (never another's of the same name), each at the
-// version read (UID precondition). The Deployment goes last: it is what
-// makes a Cluster count as having a provider, so a removal that fails half
-// way is taken up again by the next reconcile instead of leaving its
-// ServiceAccount, RoleBinding and ConfigMap behind.
-func (r *Reconciler) removeProvider(ctx context.Context, c *clusterv1.Cluster) error {
+// removeProvider deletes AutoNode's objects of the Cluster: first the
+// provider's ServiceAccount and RBAC in the workload cluster, then those in
+// the management cluster; only objects carrying AutoNode's label (never
+// another's of the same name), each at the version read (UID precondition).
+// The Deployment goes last: it is what makes a Cluster count as having a
+// provider, so a removal that fails half way is taken up again by the next
+// reconcile instead of leaving the rest behind. Without a kubeconfig Secret
+// the workload cluster cannot be reached: its objects stay.
+func (r *Reconciler) removeProvider(ctx context.Context, c *clusterv1.Cluster, kubeconfig []byte) error {
+	if kubeconfig != nil {
+		if err := r.removeWorkloadIdentity(ctx, kubeconfig); err != nil {
+			return fmt.Errorf("Cluster %s/%s: %w", c.Namespace, c.Name, err)
+		}
+	}
 	key := client.ObjectKey{Namespace: c.Namespace, Name: ObjectName(c)}
-	for _, obj := range []client.Object{&rbacv1.RoleBinding{}, &corev1.ServiceAccount{}, &corev1.ConfigMap{}, &appsv1.Deployment{}} {
+	for _, obj := range []client.Object{&rbacv1.RoleBinding{}, &corev1.ServiceAccount{}, &corev1.ConfigMap{}, &corev1.Secret{}, &appsv1.Deployment{}} {
+		key := key
+		if _, ok := obj.(*corev1.Secret); ok {
+			key.Name = TokenSecretName(c)
+		}
 		err := r.APIReader.Get(ctx, key, obj)
 		if apierrors.IsNotFound(err) {
 			continue

@@ -9,11 +9,14 @@ import (
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -67,6 +70,128 @@ func TestReconcilerAgainstAnAPIServer(t *testing.T) {
 	t.Run("opt out removes the nodes first", e.optOut)
 	t.Run("opt out keeping the nodes", e.optOutKeepingNodes)
 	t.Run("a removal that fails half way is finished later", e.removalRetried)
+	t.Run("the provider's workload identity", func(t *testing.T) { e.workloadIdentity(t, api.Config) })
+	t.Run("a Cluster being deleted is left alone", e.deletingLeftAlone)
+}
+
+// Deleting the Cluster never waits on Karpenter: AutoNode puts no finalizer
+// on it and, once it is being deleted, writes nothing (its objects go with
+// the Cluster by their owner references).
+func (e *env) deletingLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	cl := e.cluster(t, "team-d", "gone", map[string]string{EnabledLabel: Enabled})
+	e.initialize(t, cl)
+	e.reconcile(t, cl)
+	if f := e.get(t, cl).Finalizers; len(f) > 0 {
+		t.Errorf("AutoNode put finalizers %v on the Cluster", f)
+	}
+	// Another controller's finalizer keeps the deleted Cluster visible.
+	cur := e.get(t, cl)
+	cur.Finalizers = []string{"test.example/hold"}
+	if err := e.c.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cur := e.get(t, cl)
+		cur.Finalizers = nil
+		_ = e.c.Update(context.Background(), cur)
+	})
+	if err := e.c.Delete(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	dep := e.deployment(t, cl)
+	e.setMetadata(t, cl, map[string]string{EnabledLabel: Disabled}, nil) // even an opt-out now
+	before := e.get(t, cl)
+	if res := e.reconcile(t, cl); res.RequeueAfter != 0 {
+		t.Errorf("requeued a Cluster being deleted after %s", res.RequeueAfter)
+	}
+	after := e.get(t, cl)
+	if after.ResourceVersion != before.ResourceVersion || len(after.Finalizers) != 1 {
+		t.Errorf("AutoNode wrote to a Cluster being deleted: resourceVersion %s→%s, finalizers %v", before.ResourceVersion, after.ResourceVersion, after.Finalizers)
+	}
+	if d := e.deployment(t, cl); d.ResourceVersion != dep.ResourceVersion || !d.DeletionTimestamp.IsZero() {
+		t.Errorf("AutoNode touched the provider of a Cluster being deleted: %s→%s", dep.ResourceVersion, d.ResourceVersion)
+	}
+	for _, ref := range dep.OwnerReferences {
+		if ref.UID == cl.UID && ptr.Deref(ref.BlockOwnerDeletion, false) {
+			t.Error("the provider blocks its Cluster's deletion")
+		}
+	}
+}
+
+// The provider's identity in the workload cluster: its token authenticates
+// as kube-system/karpenter-clusterapi, is kept until half its lifetime is
+// gone and then renewed (the reconcile comes back in time); the CSR
+// approver's binding follows the setting; opting out removes them all.
+func (e *env) workloadIdentity(t *testing.T, cfg *rest.Config) {
+	ctx := context.Background()
+	cl := e.cluster(t, "team-w", "ident", map[string]string{EnabledLabel: Enabled})
+	e.setMetadata(t, cl, nil, map[string]string{ApproveKubeletCSRsAnnotation: "true"})
+	e.initialize(t, cl)
+	res := e.reconcile(t, cl)
+	if res.RequeueAfter < 29*time.Minute || res.RequeueAfter > TokenLifetime/2 {
+		t.Errorf("requeue after %s, want the token's renewal, about %s", res.RequeueAfter, TokenLifetime/2)
+	}
+	secret := func() *corev1.Secret {
+		s := &corev1.Secret{}
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: "team-w", Name: "ident-karpenter-workload"}, s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first := secret()
+	as := rest.CopyConfig(cfg)
+	as.CertData, as.KeyData, as.BearerToken = nil, nil, string(first.Data["token"])
+	who, err := kubernetes.NewForConfig(as)
+	if err != nil {
+		t.Fatal(err)
+	}
+	review, err := who.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := review.Status.UserInfo.Username; u != "system:serviceaccount:kube-system:karpenter-clusterapi" {
+		t.Errorf("the token Secret's token is %s's", u)
+	}
+	if kc := string(first.Data["kubeconfig"]); !strings.Contains(kc, "tokenFile: "+SpokeKubeconfigDir+"/token") || !strings.Contains(kc, cfg.Host) {
+		t.Errorf("workload kubeconfig:\n%s", kc)
+	}
+	crb := &rbacv1.ClusterRoleBinding{}
+	if err := e.wl.Get(ctx, client.ObjectKey{Name: "karpenter-clusterapi-csr-approver"}, crb); err != nil || crb.Labels[ManagedByLabel] != ManagedBy {
+		t.Errorf("CSR approver binding with approve-kubelet-csrs=true: %v %v", err, crb.Labels)
+	}
+
+	e.reconcile(t, cl)
+	if again := secret(); string(again.Data["token"]) != string(first.Data["token"]) {
+		t.Error("a fresh token was renewed")
+	}
+	e.r.Now = func() time.Time { return time.Now().Add(TokenLifetime/2 + time.Minute) }
+	t.Cleanup(func() { e.r.Now = time.Now })
+	e.reconcile(t, cl)
+	if renewed := secret(); string(renewed.Data["token"]) == string(first.Data["token"]) {
+		t.Error("the token was not renewed after half its lifetime")
+	}
+	e.r.Now = time.Now
+
+	e.setMetadata(t, cl, nil, map[string]string{ApproveKubeletCSRsAnnotation: "false"})
+	e.reconcile(t, cl)
+	if err := e.wl.Get(ctx, client.ObjectKey{Name: "karpenter-clusterapi-csr-approver"}, &rbacv1.ClusterRoleBinding{}); !apierrors.IsNotFound(err) {
+		t.Errorf("CSR approver binding after approve-kubelet-csrs=false: %v", err)
+	}
+
+	e.setMetadata(t, cl, map[string]string{EnabledLabel: Disabled}, map[string]string{OnDisableAnnotation: KeepNodes})
+	e.want(t, cl, ReasonDisabled, "nodes kept")
+	for _, o := range []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: WorkloadNamespace, Name: WorkloadServiceAccount}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "karpenter-clusterapi-core"}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "karpenter-clusterapi-workload"}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-node-lease", Name: "karpenter-clusterapi-node-lease"}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team-w", Name: "ident-karpenter-workload"}},
+	} {
+		if err := e.c.Get(ctx, client.ObjectKeyFromObject(o), o); !apierrors.IsNotFound(err) {
+			t.Errorf("%T %s after opting out: %v", o, client.ObjectKeyFromObject(o), err)
+		}
+	}
 }
 
 type env struct {

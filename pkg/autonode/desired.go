@@ -182,9 +182,11 @@ func podSpec(c *clusterv1.Cluster, s Settings, cfg Config) corev1.PodSpec {
 			{Name: "hub-kubeconfig", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 				LocalObjectReference: corev1.LocalObjectReference{Name: ObjectName(c)},
 			}}},
+			// The provider's own workload identity (kubeconfig and token),
+			// never Cluster API's admin kubeconfig.
 			{Name: "workload-kubeconfig", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName: KubeconfigSecretName(c),
-				Items:      []corev1.KeyToPath{{Key: "value", Path: "kubeconfig"}},
+				SecretName: TokenSecretName(c),
+				Items:      []corev1.KeyToPath{{Key: "kubeconfig", Path: "kubeconfig"}, {Key: "token", Path: "token"}},
 			}}},
 		},
 		// Several replicas: never two on one node.
@@ -206,7 +208,6 @@ func container(c *clusterv1.Cluster, s Settings, cfg Config) corev1.Container {
 		"--cluster-api-kubeconfig=" + HubKubeconfigDir + "/kubeconfig",
 		"--cluster-api-namespace=" + c.Namespace,
 		"--cluster-api-cluster-name=" + c.Name,
-		"--install-workload-crds=true",
 	}
 	if s.ApproveKubeletCSRs {
 		args = append(args, "--approve-kubelet-csrs=true")

@@ -65,14 +65,15 @@ func TestDesiredRoleBindingIsNamespaced(t *testing.T) {
 	}
 }
 
-// Topology (b): hub in-cluster, spoke from the Cluster's kubeconfig Secret,
-// scope flags, workload CRDs, the Lease in the workload cluster.
+// Topology (b): hub in-cluster, spoke from the provider's own workload
+// identity (never Cluster API's admin kubeconfig), scope flags, the Lease in
+// the workload cluster. AutoNode installs the CRDs: the provider does not.
 func TestDesiredDeploymentIsTopologyB(t *testing.T) {
 	d := desiredDeployment(t, nil)
 	ctr := d.Spec.Template.Spec.Containers[0]
 	for _, want := range []string{
 		"--kubeconfig=" + SpokeKubeconfigDir + "/kubeconfig", "--cluster-api-kubeconfig=" + HubKubeconfigDir + "/kubeconfig",
-		"--cluster-api-namespace=team-a", "--cluster-api-cluster-name=prod", "--install-workload-crds=true",
+		"--cluster-api-namespace=team-a", "--cluster-api-cluster-name=prod",
 	} {
 		if !slices.Contains(ctr.Args, want) {
 			t.Errorf("args %v lack %s", ctr.Args, want)
@@ -80,6 +81,9 @@ func TestDesiredDeploymentIsTopologyB(t *testing.T) {
 	}
 	if slices.Contains(ctr.Args, "--approve-kubelet-csrs=true") {
 		t.Error("CSR approval without the setting")
+	}
+	if slices.ContainsFunc(ctr.Args, func(a string) bool { return strings.HasPrefix(a, "--install-workload-crds") }) {
+		t.Errorf("args %v: the provider's identity may not write CRDs", ctr.Args)
 	}
 	if ctr.Image != testConfig.Image || d.Annotations[VersionAnnotation] != "v1.2.3" || *d.Spec.Replicas != 1 {
 		t.Errorf("image %s, version %s, replicas %d", ctr.Image, d.Annotations[VersionAnnotation], *d.Spec.Replicas)
@@ -93,7 +97,7 @@ func TestDesiredDeploymentIsTopologyB(t *testing.T) {
 			secret = v.Secret
 		}
 	}
-	if secret == nil || secret.SecretName != "prod-kubeconfig" || secret.Items[0].Key != "value" {
+	if secret == nil || secret.SecretName != "prod-karpenter-workload" || len(secret.Items) != 2 || secret.Items[0].Key != "kubeconfig" || secret.Items[1].Key != "token" {
 		t.Errorf("workload kubeconfig volume %+v", secret)
 	}
 	if d.Spec.Template.Spec.ServiceAccountName != "prod-karpenter" {

@@ -74,9 +74,9 @@ func TestAutoNode(t *testing.T) {
 	poolIn(t, b1.Spoke.Client, pool, selected)
 
 	optIn := time.Now()
-	for _, c := range []*world.WorkloadCluster{a1, b1} {
-		setClusterMetadata(t, c, map[string]string{autonode.EnabledLabel: autonode.Enabled}, nil)
-	}
+	// a1 asks for kubelet CSR approval, b1 does not.
+	setClusterMetadata(t, a1, map[string]string{autonode.EnabledLabel: autonode.Enabled}, map[string]string{autonode.ApproveKubeletCSRsAnnotation: "true"})
+	setClusterMetadata(t, b1, map[string]string{autonode.EnabledLabel: autonode.Enabled}, nil)
 	for _, c := range []*world.WorkloadCluster{a1, b1} {
 		waitAutoNodeCondition(t, c, metav1.ConditionTrue, autonode.ReasonRunning, "(AutoNode e2e)")
 	}
@@ -84,6 +84,8 @@ func TestAutoNode(t *testing.T) {
 	checkReadyMetric(t, metricsPort, a1, 1)
 	checkOwnedByCluster(t, a1)
 	checkProviderRBAC(t, a1, b1)
+	checkWorkloadIdentity(t, a1, true)
+	checkWorkloadIdentity(t, b1, false)
 
 	scale := time.Now()
 	deploymentIn(t, a1.Spoke.Client, pool, "autonode-app", 2, "1500m")
@@ -112,6 +114,17 @@ func TestAutoNode(t *testing.T) {
 	}
 	waitOwnNodes(t, a1, pool, mdA, 2)
 	waitAutoNodeCondition(t, a1, metav1.ConditionTrue, autonode.ReasonRunning, "")
+
+	// a1 stops asking for CSR approval: its approver's rules are revoked.
+	setClusterMetadata(t, a1, nil, map[string]string{autonode.ApproveKubeletCSRsAnnotation: "false"})
+	err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		err := a1.Spoke.Client.Get(ctx, client.ObjectKey{Name: "karpenter-clusterapi-csr-approver"}, &rbacv1.ClusterRoleBinding{})
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Fatalf("a1's CSR approver binding stays after approve-kubelet-csrs=false: %v", err)
+	}
+	checkWorkloadIdentity(t, a1, false)
 	t.Logf("TestAutoNode: %s in all", time.Since(start).Round(100*time.Millisecond))
 }
 
@@ -269,7 +282,11 @@ func checkOwnedByCluster(t *testing.T, c *world.WorkloadCluster) {
 		}
 	}
 	key := client.ObjectKey{Namespace: c.Namespace, Name: c.Name + "-karpenter"}
-	for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.ServiceAccount{}, &rbacv1.RoleBinding{}, &corev1.ConfigMap{}} {
+	for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.ServiceAccount{}, &rbacv1.RoleBinding{}, &corev1.ConfigMap{}, &corev1.Secret{}} {
+		key := key
+		if _, ok := o.(*corev1.Secret); ok {
+			key.Name += "-workload" // the provider's workload token
+		}
 		if err := w.Hub.Client.Get(ctx, key, o); err != nil {
 			t.Fatalf("%T %s: %v", o, key, err)
 		}
@@ -315,6 +332,67 @@ func checkProviderRBAC(t *testing.T, own, other *world.WorkloadCluster) {
 		}
 		if sar.Status.Allowed != c.allowed {
 			t.Errorf("%s may %s %s.%s in namespace %q: %v, want %v (%s)", user, c.verb, c.resource, c.group, c.namespace, sar.Status.Allowed, c.allowed, sar.Status.Reason)
+		}
+	}
+}
+
+// checkWorkloadIdentity asks the workload cluster's API server
+// (SubjectAccessReviews) what the provider's identity there may do: what
+// the provider needs, no Secrets, and approving kubelet CSRs only when the
+// Cluster asks for it. The Deployment mounts that identity's Secret, never
+// Cluster API's admin kubeconfig.
+func checkWorkloadIdentity(t *testing.T, c *world.WorkloadCluster, approveCSRs bool) {
+	t.Helper()
+	ctx := context.Background()
+	d := &appsv1.Deployment{}
+	if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: c.Name + "-karpenter"}, d); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == c.Name+"-kubeconfig" {
+			t.Errorf("Cluster %s: the provider mounts Cluster API's admin kubeconfig (volume %s)", c.Name, v.Name)
+		}
+	}
+	const user = "system:serviceaccount:kube-system:karpenter-clusterapi"
+	cert := "certificates.k8s.io"
+	cases := []struct {
+		namespace, verb, group, resource, subresource, name string
+		allowed                                             bool
+	}{
+		{"", "create", "karpenter.sh", "nodeclaims", "", "", true},
+		{"", "patch", "karpenter.sh", "nodeclaims", "status", "", true},
+		{"", "list", "karpenter.sh", "nodepools", "", "", true},
+		{"", "watch", "karpenter.cluster.x-k8s.io", "clusterapinodeclasses", "", "", true},
+		{"", "patch", "", "nodes", "", "", true},
+		{"", "delete", "", "nodes", "", "", true},
+		{"default", "list", "", "pods", "", "", true},
+		{"default", "create", "", "pods", "eviction", "", true},
+		{"kube-system", "create", "coordination.k8s.io", "leases", "", "", true},
+		{"kube-system", "update", "coordination.k8s.io", "leases", "", "karpenter-leader-election", true},
+		{"kube-system", "get", "", "secrets", "", "", false},
+		{"", "list", "", "secrets", "", "", false},
+		{"", "create", "apiextensions.k8s.io", "customresourcedefinitions", "", "", false},
+		{"", "create", "rbac.authorization.k8s.io", "clusterrolebindings", "", "", false},
+		{"", "list", cert, "certificatesigningrequests", "", "", approveCSRs},
+		{"", "update", cert, "certificatesigningrequests", "approval", "", approveCSRs},
+		{"", "approve", cert, "signers", "", "kubernetes.io/kubelet-serving", approveCSRs},
+		{"", "approve", cert, "signers", "", "kubernetes.io/kube-apiserver-client-kubelet", approveCSRs},
+		{"", "approve", cert, "signers", "", "kubernetes.io/kube-apiserver-client", false},
+	}
+	for _, k := range cases {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   user,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: k.namespace, Verb: k.verb, Group: k.group, Resource: k.resource, Subresource: k.subresource, Name: k.name,
+			},
+		}}
+		if err := c.Spoke.Client.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != k.allowed {
+			t.Errorf("Cluster %s: the provider's workload identity may %s %s/%s.%s %q in namespace %q: %v, want %v (%s)",
+				c.Name, k.verb, k.resource, k.subresource, k.group, k.name, k.namespace, sar.Status.Allowed, k.allowed, sar.Status.Reason)
 		}
 	}
 }
@@ -403,9 +481,26 @@ func waitOptedOut(t *testing.T, c *world.WorkloadCluster, md *clusterv1.MachineD
 	if !sawNodePoolsGone {
 		t.Errorf("Cluster %s: the NodePools were never deleted", c.Name)
 	}
-	for _, o := range []client.Object{&corev1.ServiceAccount{}, &rbacv1.RoleBinding{}, &corev1.ConfigMap{}} {
+	for _, o := range []client.Object{&corev1.ServiceAccount{}, &rbacv1.RoleBinding{}, &corev1.ConfigMap{}, &corev1.Secret{}} {
+		key := key
+		if _, ok := o.(*corev1.Secret); ok {
+			key.Name += "-workload"
+		}
 		if err := w.Hub.Client.Get(context.Background(), key, o); !apierrors.IsNotFound(err) {
 			t.Errorf("%T %s still there after opting out: %v", o, key, err)
+		}
+	}
+	// And the provider's identity in the workload cluster.
+	for _, o := range []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "karpenter-clusterapi"}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "karpenter-clusterapi-core"}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "karpenter-clusterapi-workload"}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "karpenter-clusterapi-core"}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "karpenter-clusterapi-leader-election"}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-node-lease", Name: "karpenter-clusterapi-node-lease"}},
+	} {
+		if err := c.Spoke.Client.Get(context.Background(), client.ObjectKeyFromObject(o), o); !apierrors.IsNotFound(err) {
+			t.Errorf("%T %s still in the workload cluster of %s after opting out: %v", o, client.ObjectKeyFromObject(o), c.Name, err)
 		}
 	}
 	waitAutoNodeCondition(t, c, metav1.ConditionFalse, autonode.ReasonDisabled, "nodes removed")
