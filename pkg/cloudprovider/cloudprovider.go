@@ -154,7 +154,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	for k, v := range launched.Annotations {
 		created.Annotations[k] = v
 	}
-	c.launched(nodeClaim, m, created, launched.From)
+	c.launched(nodeClaim, m, created, launched.From, launched.Announced)
 	return created, nil
 }
 

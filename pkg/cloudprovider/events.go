@@ -18,9 +18,11 @@ import (
 func (c *CloudProvider) RecordEventsWith(r events.Recorder) { c.events = r }
 
 // launched records the Launched event of a NodeClaim whose Machine has a
-// providerID: once per NodeClaim, as Create succeeds once.
-func (c *CloudProvider) launched(nodeClaim *karpv1.NodeClaim, m *clusterv1.Machine, created *karpv1.NodeClaim, from string) {
-	if c.events == nil || m == nil {
+// providerID: once per NodeClaim, as Create succeeds once; not when the
+// mode has named the Machine on the NodeClaim's events already
+// (launch.Launched.Announced).
+func (c *CloudProvider) launched(nodeClaim *karpv1.NodeClaim, m *clusterv1.Machine, created *karpv1.NodeClaim, from string, announced bool) {
+	if c.events == nil || m == nil || announced {
 		return
 	}
 	c.events.Publish(events.Event{

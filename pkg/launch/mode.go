@@ -48,6 +48,12 @@ type Launched struct {
 	// From names what the Machine was made from, for users' events
 	// ("MachineDeployment ns/name", "AWSMachineTemplate ns/name").
 	From string
+	// Announced: the mode has already told the NodeClaim's events which
+	// Machine it got and what it was made from (MachineDeployment mode's
+	// MachineBound); Create records no Launched event of its own, which
+	// would say it a second time (the instance type, zone, capacity type
+	// and providerID are the NodeClaim's labels and status).
+	Announced bool
 }
 
 // Mode turns NodeClaims into Cluster API objects in one way. The cloud

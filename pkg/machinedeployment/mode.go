@@ -98,7 +98,9 @@ func (m Mode) Launch(ctx context.Context, nc *v1alpha1.ClusterAPINodeClass, node
 	if id == "" { // gone again since the launch saw it: its infrastructure machine was removed
 		return nil, fmt.Errorf("Machine %s/%s for NodeClaim %s: %w", machine.Namespace, machine.Name, nodeClaim.Name, launch.ErrStillLaunching)
 	}
-	out := &launch.Launched{Machine: machine, ProviderID: id, Annotations: map[string]string{},
+	// The bind's MachineBound event named the Machine and its
+	// MachineDeployment on the NodeClaim: no Launched event says it again.
+	out := &launch.Launched{Machine: machine, ProviderID: id, Annotations: map[string]string{}, Announced: true,
 		From: fmt.Sprintf("MachineDeployment %s/%s", machine.Namespace, machine.Labels[clusterv1.MachineDeploymentNameLabel])}
 	if v := nodeClaim.Annotations[v1alpha1.MachineDeploymentAnnotation]; v != "" {
 		out.Annotations[v1alpha1.MachineDeploymentAnnotation] = v

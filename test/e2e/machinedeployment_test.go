@@ -37,6 +37,7 @@ func TestScaleUpAndDownThroughAMachineDeployment(t *testing.T) {
 	}
 
 	waitEvents(t, "Bound", md.Name, 10)
+	oneEventNamesTheMachine(t, "a")
 
 	scaleDeployment(t, d, 0)
 	start = time.Now()
@@ -48,6 +49,41 @@ func TestScaleUpAndDownThroughAMachineDeployment(t *testing.T) {
 		t.Fatalf("bookkeeping left on the MachineDeployment: %s", got)
 	}
 	waitEvents(t, "Released", md.Name, 10)
+}
+
+// oneEventNamesTheMachine checks that each of the pool's NodeClaims has one
+// event of the provider's naming its Machine (MachineBound, at the bind) and
+// not a second one at the launch (the provider's Launched, whose message
+// starts with "Machine "; core's own Launched says the condition changed).
+func oneEventNamesTheMachine(t *testing.T, pool string) {
+	t.Helper()
+	claims := nodeClaimNames(t, pool)
+	var bound, launched map[string]int
+	err := WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
+		events := &corev1.EventList{}
+		if err := w.Spoke.Client.List(ctx, events); err != nil {
+			return false, err
+		}
+		bound, launched = map[string]int{}, map[string]int{}
+		for _, e := range events.Items {
+			if e.InvolvedObject.Kind != "NodeClaim" || !slices.Contains(claims, e.InvolvedObject.Name) {
+				continue
+			}
+			switch {
+			case e.Reason == "MachineBound":
+				bound[e.InvolvedObject.Name]++
+			case e.Reason == "Launched" && strings.HasPrefix(e.Message, "Machine "):
+				launched[e.InvolvedObject.Name]++
+			}
+		}
+		return len(bound) == len(claims), nil
+	})
+	if err != nil {
+		t.Fatalf("want a MachineBound event on each of NodeClaims %v, saw %v: %v", claims, bound, err)
+	}
+	if len(launched) != 0 {
+		t.Errorf("the provider's Launched event names the Machine a second time on NodeClaims %v (MachineBound did): one event write per launch too many", launched)
+	}
 }
 
 func nodeClaimNames(t *testing.T, pool string) []string {
