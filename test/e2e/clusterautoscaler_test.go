@@ -54,6 +54,8 @@ import (
 // within seconds, True again only after the window.
 func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	ctx := context.Background()
+	start := time.Now()
+	step := func(what string) { t.Logf("%s at %s", what, time.Since(start).Round(100*time.Millisecond)) }
 	discovered := map[string]string{"autoscaling": "ca-walk"} // cluster-autoscaler's --node-group-auto-discovery label
 	// The node groups' bootstrap, as cluster-autoscaler needs it: no
 	// Karpenter taint; the kubelet labels its nodes as the capacity
@@ -97,7 +99,9 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		mds = append(mds, md)
 		t.Cleanup(func() { _ = w.Hub.Client.Delete(context.Background(), md) })
 	}
-	caMachine, caNode := caStartedNode(t, mds[1])
+	// cluster-autoscaler's replica has its Machine (on the first
+	// MachineSet, from the template without the taint).
+	caMachine := onlyMachine(t, mds[1])
 	poolName := w.ClusterName + "-ca-walk-c5"
 	t.Cleanup(func() {
 		_ = w.Spoke.Client.Delete(context.Background(), &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: poolName}})
@@ -114,6 +118,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 
 	// 1. Convert: the manifests and the report, in converted.yaml.
 	doc.must(t, "convert")
+	step("1 converted")
 	raw, err := os.ReadFile(filepath.Join(doc.dir, "converted.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +144,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	joinsTainted(t, mds, groups[0].price, groups[1].price)
+	step("2 joined with the taint")
 	// 3. Stop cluster-autoscaler: min-size removed.
 	doc.must(t, "stop cluster-autoscaler")
 	// 4. Apply, first against the wrong cluster (the management cluster's
@@ -173,7 +179,10 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	}
 	// 5. Check: Ready, SoleScaler True.
 	doc.must(t, "check")
+	step("5 checked")
 
+	caNode := caStartedNode(t, caMachine)
+	step("cluster-autoscaler's node runs")
 	// Pods that select the node groups' label, one per node: one runs on
 	// cluster-autoscaler's node, four on Karpenter's, one stays pending.
 	podDeployment(t, "", "ca-walk-app", 6, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500m")}, func(s *corev1.PodSpec) {
@@ -198,6 +207,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	}
 	t.Logf("converted node groups serve the pods within their max-sizes: %s", got)
 	karpenters := karpenterMachinesJoinedTainted(t, mds)
+	step("Karpenter's nodes run")
 
 	// 6. Move cluster-autoscaler's node: the one it started, never replaced.
 	found := doc.must(t, "find cluster-autoscaler's nodes")
@@ -205,6 +215,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		t.Fatalf("the doc's listing of cluster-autoscaler's nodes printed\n%s\nwant\n%s", found, want)
 	}
 	doc.must(t, "move cluster-autoscaler's nodes")
+	step("6 moved")
 	got = waitCounts(t, 2*time.Minute, poolName, "ca-walk-app", mds, func(c counts) bool {
 		return within(c) && c.RunningPods == 5 && c.PendingPods == 1 && c.NodeClaims == 5 && c.Initialized == 5 &&
 			c.Machines == 5 && c.BoundMachines == 5 && c.MachineDeploymentReplicas["ca-walk-m5"] == 2 && c.MachineDeploymentReplicas["ca-walk-c5"] == 3 &&
@@ -232,6 +243,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		t.Errorf("SoleScaler after the doc's lowering: %+v", c)
 	}
 	t.Logf("cluster-autoscaler's node %s moved; the replicas are Karpenter's: %s", caNode, got)
+	step("6 done")
 
 	caStillWrites(t, mds[1], poolName)
 	// The pending pod stays pending: both node groups are at their max-size.
@@ -246,38 +258,54 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	}
 }
 
-// caStartedNode waits for the Machine cluster-autoscaler's replica of md
-// made to run a Ready Node without Karpenter's taint, and returns both names.
-func caStartedNode(t *testing.T, md *clusterv1.MachineDeployment) (machine, node string) {
+// onlyMachine waits for md's one Machine and returns its name.
+func onlyMachine(t *testing.T, md *clusterv1.MachineDeployment) string {
 	t.Helper()
-	ctx := context.Background()
-	if err := WaitFor(ctx, 2*time.Minute, func(ctx context.Context) (bool, error) {
+	var name string
+	if err := WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
 		machines := &clusterv1.MachineList{}
 		if err := w.Hub.Client.List(ctx, machines, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
 			return false, err
 		}
-		if len(machines.Items) != 1 || machines.Items[0].Status.NodeRef.Name == "" {
-			return false, nil
+		if len(machines.Items) == 1 {
+			name = machines.Items[0].Name
+		}
+		return len(machines.Items) == 1, nil
+	}); err != nil {
+		t.Fatalf("no Machine of %s: %v", md.Name, err)
+	}
+	return name
+}
+
+// caStartedNode waits for cluster-autoscaler's Machine to run a Ready Node
+// without Karpenter's taint, labelled as its node group, and returns its name.
+func caStartedNode(t *testing.T, machine string) string {
+	t.Helper()
+	var node string
+	if err := WaitFor(context.Background(), 2*time.Minute, func(ctx context.Context) (bool, error) {
+		m := &clusterv1.Machine{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: machine}, m); err != nil || m.Status.NodeRef.Name == "" {
+			return false, err
 		}
 		n := &corev1.Node{}
-		if err := w.Spoke.Client.Get(ctx, clientKey(machines.Items[0].Status.NodeRef.Name), n); err != nil {
+		if err := w.Spoke.Client.Get(ctx, clientKey(m.Status.NodeRef.Name), n); err != nil {
 			return false, client.IgnoreNotFound(err)
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				machine, node = machines.Items[0].Name, n.Name
-			}
 		}
 		for _, taint := range n.Spec.Taints {
 			if taint.MatchTaint(&world.UnregisteredTaint) {
 				return false, fmt.Errorf("cluster-autoscaler's node %s has %s", n.Name, taint.ToString())
 			}
 		}
-		return node != "" && n.Labels["workload"] == "ca-walk", nil
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && n.Labels["workload"] == "ca-walk" {
+				node = n.Name
+			}
+		}
+		return node != "", nil
 	}); err != nil {
-		t.Fatalf("cluster-autoscaler's node of %s does not run: %v", md.Name, err)
+		t.Fatalf("cluster-autoscaler's Machine %s runs no node: %v", machine, err)
 	}
-	return machine, node
+	return node
 }
 
 // joinsTainted: after step 2 each MachineDeployment bootstraps new Machines
