@@ -351,31 +351,43 @@ func karpenterMachinesJoinedTainted(t *testing.T, mds []*clusterv1.MachineDeploy
 	t.Helper()
 	ctx := context.Background()
 	var out []clusterv1.Machine
-	for _, md := range mds {
-		machines := &clusterv1.MachineList{}
-		if err := w.Hub.Client.List(ctx, machines, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range machines.Items {
-			if m.Annotations[v1alpha1.NodeClaimAnnotation] == "" {
-				continue
+	// Cluster API links a Machine to its Node on its own schedule.
+	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		out = nil
+		for _, md := range mds {
+			machines := &clusterv1.MachineList{}
+			if err := w.Hub.Client.List(ctx, machines, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+				return false, err
 			}
-			out = append(out, m)
-			cfg := &bootstrapv1.KubeadmConfig{}
-			if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.Bootstrap.ConfigRef.Name}, cfg); err != nil {
-				t.Fatalf("Machine %s: its KubeadmConfig: %v", m.Name, err)
-			}
-			if d := world.BootstrapDataOf(cfg.Spec); !equality.Semantic.DeepEqual(d.Taints, []corev1.Taint{world.UnregisteredTaint}) {
-				t.Errorf("Karpenter's Machine %s joined with taints %v, want %s", m.Name, d.Taints, world.UnregisteredTaint.ToString())
-			}
-			n := &corev1.Node{}
-			if err := w.Spoke.Client.Get(ctx, clientKey(m.Status.NodeRef.Name), n); err != nil {
-				t.Fatalf("Machine %s: its Node: %v", m.Name, err)
-			}
-			for _, taint := range n.Spec.Taints {
-				if taint.MatchTaint(&world.UnregisteredTaint) {
-					t.Errorf("Karpenter's Node %s still has %s", n.Name, taint.ToString())
+			for _, m := range machines.Items {
+				if m.Annotations[v1alpha1.NodeClaimAnnotation] == "" {
+					continue
 				}
+				if m.Status.NodeRef.Name == "" {
+					return false, nil
+				}
+				out = append(out, m)
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatalf("Karpenter's Machines not linked to their Nodes: %v", err)
+	}
+	for _, m := range out {
+		cfg := &bootstrapv1.KubeadmConfig{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.Bootstrap.ConfigRef.Name}, cfg); err != nil {
+			t.Fatalf("Machine %s: its KubeadmConfig: %v", m.Name, err)
+		}
+		if d := world.BootstrapDataOf(cfg.Spec); !equality.Semantic.DeepEqual(d.Taints, []corev1.Taint{world.UnregisteredTaint}) {
+			t.Errorf("Karpenter's Machine %s joined with taints %v, want %s", m.Name, d.Taints, world.UnregisteredTaint.ToString())
+		}
+		n := &corev1.Node{}
+		if err := w.Spoke.Client.Get(ctx, clientKey(m.Status.NodeRef.Name), n); err != nil {
+			t.Fatalf("Machine %s: its Node: %v", m.Name, err)
+		}
+		for _, taint := range n.Spec.Taints {
+			if taint.MatchTaint(&world.UnregisteredTaint) {
+				t.Errorf("Karpenter's Node %s still has %s", n.Name, taint.ToString())
 			}
 		}
 	}
