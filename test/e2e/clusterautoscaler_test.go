@@ -258,7 +258,10 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	}
 }
 
-// onlyMachine waits for md's one Machine and returns its name.
+// onlyMachine waits for md's one Machine, counted in md's status (so Cluster
+// API's MachineDeployment controller has seen it: a template change now
+// keeps it on its MachineSet, as for a node that has run for long), and
+// returns its name.
 func onlyMachine(t *testing.T, md *clusterv1.MachineDeployment) string {
 	t.Helper()
 	var name string
@@ -267,10 +270,14 @@ func onlyMachine(t *testing.T, md *clusterv1.MachineDeployment) string {
 		if err := w.Hub.Client.List(ctx, machines, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
 			return false, err
 		}
+		cur := &clusterv1.MachineDeployment{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+			return false, err
+		}
 		if len(machines.Items) == 1 {
 			name = machines.Items[0].Name
 		}
-		return len(machines.Items) == 1, nil
+		return len(machines.Items) == 1 && cur.Status.Replicas != nil && *cur.Status.Replicas == 1, nil
 	}); err != nil {
 		t.Fatalf("no Machine of %s: %v", md.Name, err)
 	}
@@ -281,16 +288,19 @@ func onlyMachine(t *testing.T, md *clusterv1.MachineDeployment) string {
 // without Karpenter's taint, labelled as its node group, and returns its name.
 func caStartedNode(t *testing.T, machine string) string {
 	t.Helper()
-	var node string
+	var node, last string
 	if err := WaitFor(context.Background(), 2*time.Minute, func(ctx context.Context) (bool, error) {
 		m := &clusterv1.Machine{}
 		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: machine}, m); err != nil || m.Status.NodeRef.Name == "" {
+			last = fmt.Sprintf("Machine phase %q, deleting %v, no nodeRef", m.Status.Phase, !m.DeletionTimestamp.IsZero())
 			return false, err
 		}
 		n := &corev1.Node{}
 		if err := w.Spoke.Client.Get(ctx, clientKey(m.Status.NodeRef.Name), n); err != nil {
+			last = "Node " + m.Status.NodeRef.Name + " not found"
 			return false, client.IgnoreNotFound(err)
 		}
+		last = fmt.Sprintf("Node %s: labels %v, conditions %v", n.Name, n.Labels, n.Status.Conditions)
 		for _, taint := range n.Spec.Taints {
 			if taint.MatchTaint(&world.UnregisteredTaint) {
 				return false, fmt.Errorf("cluster-autoscaler's node %s has %s", n.Name, taint.ToString())
@@ -303,7 +313,7 @@ func caStartedNode(t *testing.T, machine string) string {
 		}
 		return node != "", nil
 	}); err != nil {
-		t.Fatalf("cluster-autoscaler's Machine %s runs no node: %v", machine, err)
+		t.Fatalf("cluster-autoscaler's Machine %s runs no node: %v; last: %s", machine, err, last)
 	}
 	return node
 }
