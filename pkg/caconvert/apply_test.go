@@ -2,14 +2,17 @@ package caconvert
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/apis/v1alpha1"
@@ -112,6 +115,31 @@ func TestApplyIsIdempotent(t *testing.T) {
 	}
 	if len(again) != len(first) {
 		t.Errorf("second apply: %d objects, the first %d: %v", len(again), len(first), again)
+	}
+	// Others write every object between the converter's read and its apply
+	// (Cluster API's controllers, the provider do): still unchanged; and a
+	// changed object is still told apart.
+	busyHub, busySpoke := touchedAfterRead(t, hubEnv), touchedAfterRead(t, spokeEnv)
+	busy, err := Apply(ctx, busyHub, busySpoke, Convert(in, Settings{}))
+	if err != nil {
+		t.Fatalf("apply while others write: %v", err)
+	}
+	for _, o := range busy {
+		if o.Result != "unchanged" {
+			t.Errorf("apply while others write: %s", o)
+		}
+	}
+	changed := Convert(in, Settings{})
+	ann := changed.Workload[0].GetAnnotations()
+	ann["example.com/changed"] = "yes"
+	changed.Workload[0].SetAnnotations(ann)
+	if busy, err = Apply(ctx, busyHub, busySpoke, changed); err != nil {
+		t.Fatalf("changed apply while others write: %v", err)
+	}
+	for i, o := range busy {
+		if want := map[bool]string{true: "configured", false: "unchanged"}[i == 0]; o.Result != want {
+			t.Errorf("changed apply while others write: %s, want %s", o, want)
+		}
 	}
 
 	md := &clusterv1.MachineDeployment{}
@@ -253,6 +281,29 @@ func checkWorkloadRefusals(t *testing.T, hubEnv, spokeEnv *environment.Cluster) 
 	if err == nil || !strings.Contains(err.Error(), hub) || !strings.Contains(err.Error(), spoke) {
 		t.Errorf("the management cluster as the workload, with the Secret: %v, want both servers named", err)
 	}
+}
+
+// touchedAfterRead returns a client of env whose every Get is followed by
+// another writer's change to the object read.
+func touchedAfterRead(t *testing.T, env *environment.Cluster) client.Client {
+	t.Helper()
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	return interceptor.NewClient(c, interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if err := c.Get(ctx, key, obj, opts...); err != nil {
+			return err
+		}
+		n++
+		other := &unstructured.Unstructured{}
+		other.SetGroupVersionKind(obj.GetObjectKind().GroupVersionKind())
+		other.SetNamespace(key.Namespace)
+		other.SetName(key.Name)
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{"example.com/touched":"%d"}}}`, n)
+		return c.Patch(ctx, other, client.RawPatch(types.MergePatchType, []byte(patch)), client.FieldOwner("someone-else"))
+	}})
 }
 
 func ptrTo[T any](v T) *T { return &v }

@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -11,11 +13,14 @@ import (
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -26,29 +31,52 @@ import (
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/coexistence"
 	"github.com/autonode/karpenter-clusterapi/pkg/controllers/remediation"
 	"github.com/autonode/karpenter-clusterapi/test/environment"
+	"github.com/autonode/karpenter-clusterapi/test/world"
 )
 
 // The walkthrough of docs/migration-from-cluster-autoscaler.md, from the
-// doc's own commands (its blocks marked "walkthrough", in its order): a
-// Cluster set up for cluster-autoscaler (two node groups with its size and
-// capacity annotations, one scaled from zero, one with a node
-// cluster-autoscaler started), converted, the handed-over group's min-size
-// removed, applied twice (once first against the wrong cluster), checked;
-// then Karpenter schedules pods on the converted node groups within their
-// max-sizes: 2 + 3 replicas, one of them cluster-autoscaler's, so 4 nodes
-// for 5 one-per-node pods and one pod left pending; then cluster-autoscaler,
-// still running, scales: SoleScaler False within seconds, True again only
-// after the window.
+// doc's own commands (its blocks marked "walkthrough", in its order, every
+// step of it): a Cluster set up for cluster-autoscaler (two node groups with
+// its size and capacity annotations bootstrapped from a KubeadmConfigTemplate
+// without Karpenter's taint, one scaled from zero, one with a node
+// cluster-autoscaler started and running), converted; the node groups moved
+// to a copy of the template with the taint (OnDelete: cluster-autoscaler's
+// node is not replaced); the handed-over group's min-size removed; applied
+// twice (once first against the wrong cluster); checked. Karpenter then
+// schedules pods on the converted node groups within their max-sizes: 2 + 3
+// replicas, one of them cluster-autoscaler's, so 4 Karpenter nodes and
+// cluster-autoscaler's for 6 one-per-node pods, one left pending; the nodes
+// Karpenter made joined with the taint and lost it at registration. Then
+// cluster-autoscaler's node is moved by the doc's commands: drained, its
+// Machine marked and the replicas lowered; it goes, no Karpenter Machine
+// does, Karpenter launches for its pod, and the replicas are Karpenter's
+// alone. Last, cluster-autoscaler, still running, scales: SoleScaler False
+// within seconds, True again only after the window.
 func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	ctx := context.Background()
+	start := time.Now()
+	step := func(what string) { t.Logf("%s at %s", what, time.Since(start).Round(100*time.Millisecond)) }
 	discovered := map[string]string{"autoscaling": "ca-walk"} // cluster-autoscaler's --node-group-auto-discovery label
+	// The node groups' bootstrap, as cluster-autoscaler needs it: no
+	// Karpenter taint; the kubelet labels its nodes as the capacity
+	// annotation says.
+	caBootstrap := world.KubeadmConfigTemplate(w.Namespace, "ca-walk", map[string]string{"node-labels": "workload=ca-walk"})
+	caBootstrap.Spec.Template.Spec.JoinConfiguration.NodeRegistration.Taints = nil
+	if err := w.Hub.Client.Create(ctx, caBootstrap); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, name := range []string{"ca-walk", "ca-walk-karpenter"} {
+			_ = w.Hub.Client.Delete(context.Background(), &bootstrapv1.KubeadmConfigTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: name}})
+		}
+	})
 	groups := []struct {
 		name, instanceType, memory string
-		min, max                   string
+		min, max, price            string
 		replicas                   int32
 	}{
-		{"ca-walk-m5", "m5.large", "8Gi", "0", "2", 0}, // scaled from zero
-		{"ca-walk-c5", "c5.large", "4Gi", "1", "3", 1}, // one node cluster-autoscaler started
+		{"ca-walk-m5", "m5.large", "8Gi", "0", "2", "0.096", 0}, // scaled from zero
+		{"ca-walk-c5", "c5.large", "4Gi", "1", "3", "0.085", 1}, // one node cluster-autoscaler started
 	}
 	var mds []*clusterv1.MachineDeployment
 	for _, g := range groups {
@@ -57,6 +85,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		}
 		md := environment.NewMachineDeployment(environment.MachineDeploymentOptions{
 			Namespace: w.Namespace, Name: g.name, ClusterName: w.ClusterName, Labels: discovered, Replicas: g.replicas,
+			BootstrapTemplate: caBootstrap.Name,
 			Annotations: map[string]string{
 				caconvert.MinSizeAnnotation: g.min, caconvert.MaxSizeAnnotation: g.max,
 				capacity.CPUKey: "2", capacity.MemoryKey: g.memory,
@@ -70,6 +99,9 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 		mds = append(mds, md)
 		t.Cleanup(func() { _ = w.Hub.Client.Delete(context.Background(), md) })
 	}
+	// cluster-autoscaler's replica has its Machine (on the first
+	// MachineSet, from the template without the taint).
+	caMachine := onlyMachine(t, mds[1])
 	poolName := w.ClusterName + "-ca-walk-c5"
 	t.Cleanup(func() {
 		_ = w.Spoke.Client.Delete(context.Background(), &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: poolName}})
@@ -77,14 +109,16 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	})
 	doc := newWalkthrough(t, "../../docs/migration-from-cluster-autoscaler.md", map[string]string{
 		"MGMT": w.HubKubeconfig, "WORKLOAD": w.SpokeKubeconfig, "NAMESPACE": w.Namespace, "CLUSTER": w.ClusterName,
-		"SELECTOR": "autoscaling=ca-walk", "NODE_GROUP": "ca-walk-c5",
+		"SELECTOR": "autoscaling=ca-walk", "NODE_GROUP": "ca-walk-c5", "PRICE": "0.085",
 	})
-	if want := []string{"convert", "stop cluster-autoscaler", "apply", "check"}; strings.Join(doc.order, ",") != strings.Join(want, ",") {
+	if want := []string{"convert", "join with the taint", "stop cluster-autoscaler", "apply", "check",
+		"find cluster-autoscaler's nodes", "move cluster-autoscaler's nodes"}; strings.Join(doc.order, ",") != strings.Join(want, ",") {
 		t.Fatalf("the doc's walkthrough blocks are %v, want %v", doc.order, want)
 	}
 
 	// 1. Convert: the manifests and the report, in converted.yaml.
 	doc.must(t, "convert")
+	step("1 converted")
 	raw, err := os.ReadFile(filepath.Join(doc.dir, "converted.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +127,7 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	for _, want := range []string{
 		"kind: NodePool", "kind: ClusterAPINodeClass", "name: " + poolName,
 		"[todo] MachineDeployment " + w.Namespace + "/ca-walk-c5 " + caconvert.MinSizeAnnotation + ": 1 kept",
-		"[todo] MachineDeployment " + w.Namespace + "/ca-walk-c5 spec.replicas",
+		"[todo] MachineDeployment " + w.Namespace + "/ca-walk-c5 spec.replicas: its 1 running replicas were started by cluster-autoscaler",
 		"consolidateAfter: 30s", "nodes: \"5\"",
 	} {
 		if !strings.Contains(printed, want) {
@@ -103,6 +137,14 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	if strings.Contains(printed, "[not-carried] MachineSet") {
 		t.Errorf("a MachineSet max-size line:\n%s", printed)
 	}
+	// 2. New nodes join with the taint: both node groups the apply converts
+	// (the second with the doc's settings for it) on the template's copy.
+	doc.must(t, "join with the taint")
+	if out, err := doc.run(t, "join with the taint", "NODE_GROUP=ca-walk-m5", "PRICE=0.096"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	joinsTainted(t, mds, groups[0].price, groups[1].price)
+	step("2 joined with the taint")
 	// 3. Stop cluster-autoscaler: min-size removed.
 	doc.must(t, "stop cluster-autoscaler")
 	// 4. Apply, first against the wrong cluster (the management cluster's
@@ -137,26 +179,72 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 	}
 	// 5. Check: Ready, SoleScaler True.
 	doc.must(t, "check")
+	step("5 checked")
 
-	// 3. Pods that select the node groups' label, one per node.
-	podDeployment(t, "", "ca-walk-app", 5, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500m")}, func(s *corev1.PodSpec) {
+	caNode := caStartedNode(t, caMachine)
+	step("cluster-autoscaler's node runs")
+	// Pods that select the node groups' label, one per node: one runs on
+	// cluster-autoscaler's node, four on Karpenter's, one stays pending.
+	podDeployment(t, "", "ca-walk-app", 6, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500m")}, func(s *corev1.PodSpec) {
 		s.NodeSelector = map[string]string{"workload": "ca-walk"}
 	})
 	maxes := map[string]int32{"ca-walk-m5": 2, "ca-walk-c5": 3}
 	var over []string
-	got := waitCounts(t, 4*time.Minute, poolName, "ca-walk-app", mds, func(c counts) bool {
+	within := func(c counts) bool {
 		for name, r := range c.MachineDeploymentReplicas {
 			if r > maxes[name] {
 				over = append(over, name)
 			}
 		}
-		return c.RunningPods == 4 && c.PendingPods == 1 && c.NodeClaims == 4 && c.Initialized == 4 &&
-			c.MachineDeploymentReplicas["ca-walk-m5"] == 2 && c.MachineDeploymentReplicas["ca-walk-c5"] == 3
+		return len(over) == 0
+	}
+	got := waitCounts(t, 4*time.Minute, poolName, "ca-walk-app", mds, func(c counts) bool {
+		return within(c) && c.RunningPods == 5 && c.PendingPods == 1 && c.NodeClaims == 4 && c.Initialized == 4 &&
+			c.BoundMachines == 4 && c.UnboundMachines == 1 && c.MachineDeploymentReplicas["ca-walk-m5"] == 2 && c.MachineDeploymentReplicas["ca-walk-c5"] == 3
 	})
 	if len(over) > 0 {
 		t.Fatalf("replicas went beyond max-size on %v", over)
 	}
 	t.Logf("converted node groups serve the pods within their max-sizes: %s", got)
+	karpenters := karpenterMachinesJoinedTainted(t, mds)
+	step("Karpenter's nodes run")
+
+	// 6. Move cluster-autoscaler's node: the one it started, never replaced.
+	found := doc.must(t, "find cluster-autoscaler's nodes")
+	if want := caMachine + " " + caNode + "\n3 replicas, 2 of them Karpenter's\n"; found != want {
+		t.Fatalf("the doc's listing of cluster-autoscaler's nodes printed\n%s\nwant\n%s", found, want)
+	}
+	doc.must(t, "move cluster-autoscaler's nodes")
+	step("6 moved")
+	got = waitCounts(t, 2*time.Minute, poolName, "ca-walk-app", mds, func(c counts) bool {
+		return within(c) && c.RunningPods == 5 && c.PendingPods == 1 && c.NodeClaims == 5 && c.Initialized == 5 &&
+			c.Machines == 5 && c.BoundMachines == 5 && c.MachineDeploymentReplicas["ca-walk-m5"] == 2 && c.MachineDeploymentReplicas["ca-walk-c5"] == 3 &&
+			!machineExists(t, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: caMachine}}) &&
+			apierrors.IsNotFound(w.Spoke.Client.Get(ctx, clientKey(caNode), &corev1.Node{}))
+	})
+	if len(over) > 0 {
+		t.Fatalf("replicas went beyond max-size on %v", over)
+	}
+	for _, m := range karpenters {
+		if !machineExists(t, &m) {
+			t.Errorf("Karpenter's Machine %s (NodeClaim %s) was deleted", m.Name, m.Annotations[v1alpha1.NodeClaimAnnotation])
+		}
+	}
+	for _, md := range mds {
+		cur := &clusterv1.MachineDeployment{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+			t.Fatal(err)
+		}
+		if owned := cur.Annotations["karpenter.cluster.x-k8s.io/owned-replicas"]; owned != strconv.Itoa(int(*cur.Spec.Replicas)) {
+			t.Errorf("%s: %d replicas, Karpenter's %q", md.Name, *cur.Spec.Replicas, owned)
+		}
+	}
+	if c := soleScaler(t, poolName); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("SoleScaler after the doc's lowering: %+v", c)
+	}
+	t.Logf("cluster-autoscaler's node %s moved; the replicas are Karpenter's: %s", caNode, got)
+	step("6 done")
+
 	caStillWrites(t, mds[1], poolName)
 	// The pending pod stays pending: both node groups are at their max-size.
 	for _, md := range mds {
@@ -168,6 +256,169 @@ func TestClusterAutoscalerWalkthrough(t *testing.T) {
 			t.Fatalf("%s: %d replicas, max-size %d", md.Name, *cur.Spec.Replicas, maxes[md.Name])
 		}
 	}
+}
+
+// onlyMachine waits for md's one Machine, counted in md's status (so Cluster
+// API's MachineDeployment controller has seen it: a template change now
+// keeps it on its MachineSet, as for a node that has run for long), and
+// returns its name.
+func onlyMachine(t *testing.T, md *clusterv1.MachineDeployment) string {
+	t.Helper()
+	var name string
+	if err := WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
+		machines := &clusterv1.MachineList{}
+		if err := w.Hub.Client.List(ctx, machines, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+			return false, err
+		}
+		cur := &clusterv1.MachineDeployment{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+			return false, err
+		}
+		if len(machines.Items) == 1 {
+			name = machines.Items[0].Name
+		}
+		return len(machines.Items) == 1 && cur.Status.Replicas != nil && *cur.Status.Replicas == 1, nil
+	}); err != nil {
+		t.Fatalf("no Machine of %s: %v", md.Name, err)
+	}
+	return name
+}
+
+// caStartedNode waits for cluster-autoscaler's Machine to run a Ready Node
+// without Karpenter's taint, labelled as its node group, and returns its name.
+func caStartedNode(t *testing.T, machine string) string {
+	t.Helper()
+	var node, last string
+	if err := WaitFor(context.Background(), 2*time.Minute, func(ctx context.Context) (bool, error) {
+		m := &clusterv1.Machine{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: machine}, m); err != nil || m.Status.NodeRef.Name == "" {
+			last = fmt.Sprintf("Machine phase %q, deleting %v, no nodeRef", m.Status.Phase, !m.DeletionTimestamp.IsZero())
+			return false, err
+		}
+		n := &corev1.Node{}
+		if err := w.Spoke.Client.Get(ctx, clientKey(m.Status.NodeRef.Name), n); err != nil {
+			last = "Node " + m.Status.NodeRef.Name + " not found"
+			return false, client.IgnoreNotFound(err)
+		}
+		last = fmt.Sprintf("Node %s: labels %v, conditions %v", n.Name, n.Labels, n.Status.Conditions)
+		for _, taint := range n.Spec.Taints {
+			if taint.MatchTaint(&world.UnregisteredTaint) {
+				return false, fmt.Errorf("cluster-autoscaler's node %s has %s", n.Name, taint.ToString())
+			}
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && n.Labels["workload"] == "ca-walk" {
+				node = n.Name
+			}
+		}
+		return node != "", nil
+	}); err != nil {
+		t.Fatalf("cluster-autoscaler's Machine %s runs no node: %v; last: %s", machine, err, last)
+	}
+	return node
+}
+
+// joinsTainted: after step 2 each MachineDeployment bootstraps new Machines
+// from a copy of its KubeadmConfigTemplate whose join taints add Karpenter's,
+// with the rollout strategy OnDelete and its price; the original template
+// is unchanged.
+func joinsTainted(t *testing.T, mds []*clusterv1.MachineDeployment, prices ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for i, md := range mds {
+		cur := &clusterv1.MachineDeployment{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKeyFromObject(md), cur); err != nil {
+			t.Fatal(err)
+		}
+		ref := cur.Spec.Template.Spec.Bootstrap.ConfigRef
+		if ref.Kind != world.KubeadmConfigTemplateKind || ref.Name != "ca-walk-karpenter" {
+			t.Errorf("%s bootstraps from %s %s, want KubeadmConfigTemplate ca-walk-karpenter", md.Name, ref.Kind, ref.Name)
+		}
+		if cur.Spec.Rollout.Strategy.Type != clusterv1.OnDeleteMachineDeploymentStrategyType {
+			t.Errorf("%s: rollout strategy %q, want OnDelete", md.Name, cur.Spec.Rollout.Strategy.Type)
+		}
+		if p := cur.Annotations[v1alpha1.PriceAnnotation]; p != prices[i] {
+			t.Errorf("%s: price %q, want %q", md.Name, p, prices[i])
+		}
+	}
+	for name, want := range map[string][]corev1.Taint{"ca-walk": nil, "ca-walk-karpenter": {world.UnregisteredTaint}} {
+		tmpl := &bootstrapv1.KubeadmConfigTemplate{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: w.Namespace, Name: name}, tmpl); err != nil {
+			t.Fatal(err)
+		}
+		d := world.BootstrapDataOf(tmpl.Spec.Template.Spec)
+		if !equality.Semantic.DeepEqual(d.Taints, want) || d.Labels["workload"] != "ca-walk" {
+			t.Errorf("KubeadmConfigTemplate %s joins with taints %v and labels %v, want taints %v and workload=ca-walk", name, d.Taints, d.Labels, want)
+		}
+	}
+}
+
+// karpenterMachinesJoinedTainted returns the Machines bound to NodeClaims of
+// mds, after checking that each was bootstrapped from a KubeadmConfig with
+// Karpenter's taint and that its Node no longer has it (Karpenter registered
+// it).
+func karpenterMachinesJoinedTainted(t *testing.T, mds []*clusterv1.MachineDeployment) []clusterv1.Machine {
+	t.Helper()
+	ctx := context.Background()
+	var out []clusterv1.Machine
+	// Cluster API links a Machine to its Node on its own schedule.
+	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		out = nil
+		for _, md := range mds {
+			machines := &clusterv1.MachineList{}
+			if err := w.Hub.Client.List(ctx, machines, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+				return false, err
+			}
+			for _, m := range machines.Items {
+				if m.Annotations[v1alpha1.NodeClaimAnnotation] == "" {
+					continue
+				}
+				if m.Status.NodeRef.Name == "" {
+					return false, nil
+				}
+				out = append(out, m)
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatalf("Karpenter's Machines not linked to their Nodes: %v", err)
+	}
+	for _, m := range out {
+		cfg := &bootstrapv1.KubeadmConfig{}
+		if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.Bootstrap.ConfigRef.Name}, cfg); err != nil {
+			t.Fatalf("Machine %s: its KubeadmConfig: %v", m.Name, err)
+		}
+		if d := world.BootstrapDataOf(cfg.Spec); !equality.Semantic.DeepEqual(d.Taints, []corev1.Taint{world.UnregisteredTaint}) {
+			t.Errorf("Karpenter's Machine %s joined with taints %v, want %s", m.Name, d.Taints, world.UnregisteredTaint.ToString())
+		}
+		n := &corev1.Node{}
+		if err := w.Spoke.Client.Get(ctx, clientKey(m.Status.NodeRef.Name), n); err != nil {
+			t.Fatalf("Machine %s: its Node: %v", m.Name, err)
+		}
+		for _, taint := range n.Spec.Taints {
+			if taint.MatchTaint(&world.UnregisteredTaint) {
+				t.Errorf("Karpenter's Node %s still has %s", n.Name, taint.ToString())
+			}
+		}
+	}
+	if len(out) != 4 {
+		t.Fatalf("%d Machines bound to NodeClaims, want 4", len(out))
+	}
+	return out
+}
+
+// soleScaler returns the NodeClass's SoleScaler condition (nil when unset).
+func soleScaler(t *testing.T, nodeClass string) *metav1.Condition {
+	t.Helper()
+	nc := &v1alpha1.ClusterAPINodeClass{}
+	if err := w.Spoke.Client.Get(context.Background(), clientKey(nodeClass), nc); err != nil {
+		t.Fatal(err)
+	}
+	c := nc.StatusConditions().Get(coexistence.ConditionTypeSoleScaler)
+	if c == nil {
+		return nil
+	}
+	return &metav1.Condition{Status: c.Status, Reason: c.Reason, Message: c.Message}
 }
 
 // caStillWrites: cluster-autoscaler, still running, lowers md through its
