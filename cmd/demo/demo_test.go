@@ -66,6 +66,28 @@ func TestDemoShowsBothModesAndCtrlCLeavesNothing(t *testing.T) {
 	d.stop(t, -d.cmd.Process.Pid, syscall.SIGINT, true)
 }
 
+// make demo DEMO_ARGS=--autonode, as the README's first screen says: the
+// AutoNode controller deploys the provider for the labelled Cluster, the
+// provider it runs launches nodes in both modes, and Ctrl-C leaves nothing.
+func TestDemoAutoNodeRunsTheProviderFromOneLabel(t *testing.T) {
+	d := startDemo(t, "--autonode")
+	_, at := d.waitLine(t, 6*time.Minute, func(l string) bool { return strings.Contains(l, "AutoNode controller started") })
+	t.Logf("AutoNode controller started after %s", at.Round(100*time.Millisecond))
+	_, at = d.waitLine(t, 4*time.Minute, func(l string) bool { return strings.Contains(l, "provider started") })
+	t.Logf("provider deployed by AutoNode running after %s", at.Round(100*time.Millisecond))
+	row, elapsed := d.waitRow(t, 4*time.Minute, func(f []string) bool {
+		ready, _, _ := strings.Cut(f[6], "/")
+		n, err := strconv.Atoi(ready)
+		return err == nil && n > 0
+	})
+	t.Logf("first Ready node after %s: %q", elapsed.Round(100*time.Millisecond), row)
+	for _, mode := range []string{"[MD] NodeClaim", "[Machine] NodeClaim"} {
+		line, at := d.waitLine(t, 3*time.Minute, func(l string) bool { return strings.Contains(l, mode) && strings.Contains(l, "launched") })
+		t.Logf("%s launch shown after %s: %q", mode, at.Round(100*time.Millisecond), strings.TrimSpace(line))
+	}
+	d.stop(t, -d.cmd.Process.Pid, syscall.SIGINT, true)
+}
+
 // However the demo ends, nothing it started is left: SIGTERM to the demo
 // alone (kill <pid>), SIGHUP to its process group (the shell's hang-up),
 // its terminal closed (the kernel's hang-up to a session), and SIGKILL,
@@ -105,12 +127,12 @@ type demoProcess struct {
 	exitErr error
 }
 
-func startDemo(t *testing.T) *demoProcess {
+func startDemo(t *testing.T, args ...string) *demoProcess {
 	t.Helper()
 	if demoBin == "" {
 		t.Skip("KUBEBUILDER_ASSETS is not set (make test sets it)")
 	}
-	cmd := exec.Command(demoBin, "--dir", filepath.Join(t.TempDir(), ".demo"), "--refresh", "1s")
+	cmd := exec.Command(demoBin, append([]string{"--dir", filepath.Join(t.TempDir(), ".demo"), "--refresh", "1s"}, args...)...)
 	cmd.Stderr = os.Stderr
 	// A process group of its own, like a shell job: Ctrl-C signals the group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
