@@ -224,13 +224,16 @@ func TestMachineModeInsufficientCapacityFallsBack(t *testing.T) {
 		t.Errorf("relaunch took %s, want about a minute at most", elapsed.Round(time.Second))
 	}
 	// The failed Machine was removed and the event says why.
+	// The relaunch can run its pod before Cluster API has finished
+	// deleting the failed Machine: wait for that, bounded.
 	waitHubEvent(t, "LaunchFailed", "InsufficientInstanceCapacity")
-	machines, err := poolMachines(ctx, "ice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(machines) != 1 {
-		t.Fatalf("want only the m5.large Machine left, got %d Machines", len(machines))
+	left := 0
+	if err := WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		machines, err := poolMachines(ctx, "ice")
+		left = len(machines)
+		return err == nil && left == 1, err
+	}); err != nil {
+		t.Fatalf("want only the m5.large Machine left, got %d Machines: %v", left, err)
 	}
 
 	// The offering shows as unavailable until its TTL passes.
@@ -250,7 +253,7 @@ func TestMachineModeInsufficientCapacityFallsBack(t *testing.T) {
 		return out
 	}
 	var shown []v1alpha1.UnavailableOffering
-	err = WaitFor(ctx, 20*time.Second, func(ctx context.Context) (bool, error) {
+	err := WaitFor(ctx, 20*time.Second, func(ctx context.Context) (bool, error) {
 		nc := &v1alpha1.ClusterAPINodeClass{}
 		if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: "ice"}, nc); err != nil {
 			return false, err
