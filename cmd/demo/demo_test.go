@@ -53,16 +53,7 @@ func TestDemoShowsBothModesAndCtrlCLeavesNothing(t *testing.T) {
 	// provider at its start, which on a CI machine compiling other test
 	// packages at the same time took 2m40s (the README's cold-start figures
 	// are measured on an idle machine).
-	row, elapsed := d.waitRow(t, 6*time.Minute, func(f []string) bool {
-		ready, _, _ := strings.Cut(f[6], "/")
-		n, err := strconv.Atoi(ready)
-		return err == nil && n > 0
-	})
-	t.Logf("first Ready node after %s: %q", elapsed.Round(100*time.Millisecond), row)
-	for _, mode := range []string{"[MD] NodeClaim", "[Machine] NodeClaim"} {
-		line, at := d.waitLine(t, 3*time.Minute, func(l string) bool { return strings.Contains(l, mode) && strings.Contains(l, "launched") })
-		t.Logf("%s launch shown after %s: %q", mode, at.Round(100*time.Millisecond), strings.TrimSpace(line))
-	}
+	d.waitReadyNodeAndBothModes(t, 6*time.Minute)
 	d.stop(t, -d.cmd.Process.Pid, syscall.SIGINT, true)
 }
 
@@ -75,16 +66,7 @@ func TestDemoAutoNodeRunsTheProviderFromOneLabel(t *testing.T) {
 	t.Logf("AutoNode controller started after %s", at.Round(100*time.Millisecond))
 	_, at = d.waitLine(t, 4*time.Minute, func(l string) bool { return strings.Contains(l, "provider started") })
 	t.Logf("provider deployed by AutoNode running after %s", at.Round(100*time.Millisecond))
-	row, elapsed := d.waitRow(t, 4*time.Minute, func(f []string) bool {
-		ready, _, _ := strings.Cut(f[6], "/")
-		n, err := strconv.Atoi(ready)
-		return err == nil && n > 0
-	})
-	t.Logf("first Ready node after %s: %q", elapsed.Round(100*time.Millisecond), row)
-	for _, mode := range []string{"[MD] NodeClaim", "[Machine] NodeClaim"} {
-		line, at := d.waitLine(t, 3*time.Minute, func(l string) bool { return strings.Contains(l, mode) && strings.Contains(l, "launched") })
-		t.Logf("%s launch shown after %s: %q", mode, at.Round(100*time.Millisecond), strings.TrimSpace(line))
-	}
+	d.waitReadyNodeAndBothModes(t, 4*time.Minute)
 	d.stop(t, -d.cmd.Process.Pid, syscall.SIGINT, true)
 }
 
@@ -330,4 +312,20 @@ func stat(pid int) (ppid int, state string, ok bool) {
 func comm(pid int) string {
 	data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
 	return strings.TrimSpace(string(data))
+}
+
+// waitReadyNodeAndBothModes waits for a table row with a Ready node (within
+// timeout) and then for a launch shown in each mode.
+func (d *demoProcess) waitReadyNodeAndBothModes(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	row, elapsed := d.waitRow(t, timeout, func(f []string) bool {
+		ready, _, _ := strings.Cut(f[6], "/")
+		n, err := strconv.Atoi(ready)
+		return err == nil && n > 0
+	})
+	t.Logf("first Ready node after %s: %q", elapsed.Round(100*time.Millisecond), row)
+	for _, mode := range []string{"[MD] NodeClaim", "[Machine] NodeClaim"} {
+		line, at := d.waitLine(t, 3*time.Minute, func(l string) bool { return strings.Contains(l, mode) && strings.Contains(l, "launched") })
+		t.Logf("%s launch shown after %s: %q", mode, at.Round(100*time.Millisecond), strings.TrimSpace(line))
+	}
 }
