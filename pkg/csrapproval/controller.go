@@ -244,6 +244,22 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		c.refuse(ctx, csr, d)
 		return c.recheck(csr), nil
 	}
+	// The cache may not have seen an approval written a moment ago (this
+	// controller's own, or anyone's): the approval is written on the
+	// request as the API server has it, and a request decided meanwhile is
+	// left alone, its record with it.
+	live := &certificatesv1.CertificateSigningRequest{}
+	if err := c.apiReader.Get(ctx, req.NamespacedName, live); err != nil {
+		if apierrors.IsNotFound(err) {
+			c.forget(req.Name)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(fmt.Errorf("reading CertificateSigningRequest %s: %w", csr.Name, err))
+	}
+	if !pending(live) || live.UID != csr.UID {
+		c.forget(csr.Name)
+		return reconcile.Result{}, nil
+	}
+	csr = live
 	if d.Kind == KindClient {
 		if err := c.recordClientApproval(ctx, d.NodeClaim, csr.Name); err != nil {
 			return reconcile.Result{}, err
@@ -256,11 +272,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := c.kubeClient.SubResource("approval").Update(ctx, csr); err != nil {
 		err = fmt.Errorf("approving CertificateSigningRequest %s: %w", csr.Name, err)
 		if d.Kind == KindClient {
-			// The record must not outlive a failed approval: the NodeClaim
-			// would refuse its kubelet's next request.
-			if rbErr := c.unrecordClientApproval(ctx, d.NodeClaim, csr.Name); rbErr != nil {
-				err = fmt.Errorf("%w; %w", err, rbErr)
-			}
+			err = c.rollBackRecord(ctx, d.NodeClaim, csr, err)
 		}
 		return reconcile.Result{}, err
 	}
@@ -312,6 +324,38 @@ func (c *Controller) recordClientApproval(ctx context.Context, claim, csrName st
 		return fmt.Errorf("recording client certificate request %s on NodeClaim %s: %w", csrName, claim, err)
 	}
 	return nil
+}
+
+// rollBackRecord undoes the record of a client approval that failed with
+// err: the record must not outlive a failed approval, or the NodeClaim
+// would refuse its kubelet's next request. An approval that failed to
+// the client but holds on the API server (a timeout, a conflict with an
+// approval already written) keeps its record; when the request cannot be
+// read, the record stays (it binds nothing once the request is gone,
+// denied or failed).
+func (c *Controller) rollBackRecord(ctx context.Context, claim string, csr *certificatesv1.CertificateSigningRequest, err error) error {
+	live := &certificatesv1.CertificateSigningRequest{}
+	if getErr := c.apiReader.Get(ctx, client.ObjectKeyFromObject(csr), live); getErr != nil {
+		if !apierrors.IsNotFound(getErr) {
+			return fmt.Errorf("%w; reading it back: %w", err, getErr)
+		}
+	} else if live.UID == csr.UID && approvedCondition(live) {
+		return err
+	}
+	if rbErr := c.unrecordClientApproval(ctx, claim, csr.Name); rbErr != nil {
+		return fmt.Errorf("%w; %w", err, rbErr)
+	}
+	return err
+}
+
+// approvedCondition: the request carries Approved=True.
+func approvedCondition(csr *certificatesv1.CertificateSigningRequest) bool {
+	for _, cond := range csr.Status.Conditions {
+		if cond.Type == certificatesv1.CertificateApproved && cond.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 // unrecordClientApproval removes the record of csrName from the NodeClaim,
@@ -497,10 +541,8 @@ func (c *Controller) recordState(ctx context.Context, name string) (RecordState,
 	if pending(csr) {
 		return RecordPending, nil
 	}
-	for _, cond := range csr.Status.Conditions {
-		if cond.Type == certificatesv1.CertificateApproved && cond.Status == corev1.ConditionTrue {
-			return RecordApproved, nil
-		}
+	if approvedCondition(csr) {
+		return RecordApproved, nil
 	}
 	return RecordVoid, nil
 }

@@ -99,6 +99,12 @@ type rig struct {
 	hub   *hub.Hub
 	// failApprovals makes that many approvals fail.
 	failApprovals atomic.Int32
+	// lostReplies makes that many approvals hold on the API server and
+	// still fail to the controller (a reply lost to a timeout).
+	lostReplies atomic.Int32
+	// stale, when set, is what the controller's cached reads return for
+	// that request: a cache that has not seen the controller's own write.
+	stale atomic.Pointer[certificatesv1.CertificateSigningRequest]
 }
 
 func newRig(t *testing.T, policy Policy) *rig {
@@ -136,9 +142,24 @@ func newRig(t *testing.T, policy Policy) *rig {
 		t.Fatal(err)
 	}
 	failing := interceptor.NewClient(kube, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if s, ok := obj.(*certificatesv1.CertificateSigningRequest); ok {
+				if old := r.stale.Load(); old != nil && old.Name == key.Name {
+					old.DeepCopyInto(s)
+					return nil
+				}
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
 		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 			if sub == "approval" && r.failApprovals.Add(-1) >= 0 {
 				return apierrors.NewServiceUnavailable("approval fails (test)")
+			}
+			if sub == "approval" && r.lostReplies.Add(-1) >= 0 {
+				if err := c.SubResource(sub).Update(ctx, obj, opts...); err != nil {
+					return err
+				}
+				return apierrors.NewTimeoutError("the reply was lost (test)", 1)
 			}
 			return c.SubResource(sub).Update(ctx, obj, opts...)
 		},
@@ -265,15 +286,6 @@ func (r *rig) approved(name string) bool {
 	return approvedCondition(csr)
 }
 
-func approvedCondition(csr *certificatesv1.CertificateSigningRequest) bool {
-	for _, c := range csr.Status.Conditions {
-		if c.Type == certificatesv1.CertificateApproved && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
-}
-
 func (r *rig) record(claim string) string {
 	nc := &karpv1.NodeClaim{}
 	if err := r.admin.Get(context.Background(), types.NamespacedName{Name: claim}, nc); err != nil {
@@ -340,6 +352,61 @@ func TestControllerRecordOnlySurvivesASuccessfulApproval(t *testing.T) {
 	}
 	if !r.approved(csr.Name) || r.record("claim-rec") != csr.Name {
 		t.Fatalf("the retry: approved %v, recorded %q", r.approved(csr.Name), r.record("claim-rec"))
+	}
+}
+
+// A request approved a moment ago that the cache still shows pending is
+// looked at again (any event on it, or its node, queues it): the record of
+// its approval stays. Without the live look the second approval conflicts
+// and its rollback removed the record of the request that was approved,
+// so the NodeClaim no longer said which client certificate it got (seen
+// in TestKubeletCSRApproval under load).
+func TestControllerKeepsTheRecordOfARequestTheCacheShowsPending(t *testing.T) {
+	r := newRig(t, Policy{})
+	host := "ip-10-1-0-9.ec2.internal"
+	r.machine("m-stale", "claim-stale", host, "10.1.0.9", "")
+	csr := r.request("stale-kubelet", bootUser, tokenGroups, certificatesv1.KubeAPIServerClientKubeletSignerName, x509.CertificateRequest{Subject: subject(host)})
+	if err := r.reconcile(csr.Name); err != nil {
+		t.Fatal(err)
+	}
+	if !r.approved(csr.Name) || r.record("claim-stale") != csr.Name {
+		t.Fatalf("first look: approved %v, recorded %q", r.approved(csr.Name), r.record("claim-stale"))
+	}
+	r.eventually("the cache to see the record", func() bool {
+		nc := &karpv1.NodeClaim{}
+		return r.spoke.GetCache().Get(context.Background(), types.NamespacedName{Name: "claim-stale"}, nc) == nil && nc.Annotations[v1alpha1.KubeletClientCSRAnnotation] == csr.Name
+	})
+	r.stale.Store(csr.DeepCopy()) // as created: pending
+	defer r.stale.Store(nil)
+	if err := r.reconcile(csr.Name); err != nil {
+		t.Fatalf("second look at an approved request: %v", err)
+	}
+	if got := r.record("claim-stale"); got != csr.Name || !r.approved(csr.Name) {
+		t.Fatalf("after a second look with a stale cache NodeClaim records %q (approved %v), want %s", got, r.approved(csr.Name), csr.Name)
+	}
+}
+
+// An approval that holds on the API server though its reply was lost
+// keeps its record: the NodeClaim still says which client certificate it
+// got, and the retry sees the request decided.
+func TestControllerKeepsTheRecordOfAnApprovalWhoseReplyWasLost(t *testing.T) {
+	r := newRig(t, Policy{})
+	host := "ip-10-1-0-10.ec2.internal"
+	r.machine("m-lost", "claim-lost", host, "10.1.0.10", "")
+	csr := r.request("lost-kubelet", bootUser, tokenGroups, certificatesv1.KubeAPIServerClientKubeletSignerName, x509.CertificateRequest{Subject: subject(host)})
+	r.lostReplies.Store(1)
+	if err := r.reconcile(csr.Name); err == nil {
+		t.Fatal("the approval's reply was to be lost")
+	}
+	if got := r.record("claim-lost"); got != csr.Name || !r.approved(csr.Name) {
+		t.Fatalf("after an approval whose reply was lost NodeClaim records %q (approved %v), want %s", got, r.approved(csr.Name), csr.Name)
+	}
+	r.eventually("the cache to see the approval", func() bool {
+		seen := &certificatesv1.CertificateSigningRequest{}
+		return r.spoke.GetCache().Get(context.Background(), types.NamespacedName{Name: csr.Name}, seen) == nil && approvedCondition(seen)
+	})
+	if err := r.reconcile(csr.Name); err != nil || r.record("claim-lost") != csr.Name {
+		t.Fatalf("the retry: %v, recorded %q", err, r.record("claim-lost"))
 	}
 }
 
