@@ -42,8 +42,10 @@ envtest: ## Build (first run) and print the cached test API server binaries
 
 .PHONY: test
 # -count=1: test/e2e runs the provider binary it builds, which the test cache cannot see.
+# hack/test.sh runs test/e2e as E2E_SHARDS processes (default 2, each with a
+# world of its own) beside `go test` of every other package.
 test: ## Run every test against real API servers (test/e2ecapa: the CI subset)
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CAPA_BIN="$(CAPA_BIN)" go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" CAPA_BIN="$(CAPA_BIN)" TEST_TIMEOUT=$(TEST_TIMEOUT) hack/test.sh
 
 .PHONY: test-upgrade
 # Not part of `make test`: it builds the provider of the commit before issue
