@@ -144,12 +144,76 @@ func (f *firstSeen) keep(prefix string, touched map[string]bool) {
 // holds the MachineDeployment's lock and decides only on a cache that shows
 // this process's writes. It returns when to look again.
 func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, member bool) (time.Duration, error) {
+	key := client.ObjectKeyFromObject(md)
+	unlock := c.provider.locks.lock(key)
+	defer unlock()
+	s, retry, err := c.readPass(ctx, md)
+	if s == nil || err != nil {
+		return retry, err
+	}
+	defer func() { c.seen.keep(s.prefix, s.touched) }()
+	steps := []func(context.Context) error{
+		s.bindOpen,           // 1
+		s.machineIntents,     // 2, 3, 6, 7
+		s.reservationIntents, // 4, 5
+		s.spareIntent,
+		s.writeRecords,
+	}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return 0, err
+		}
+	}
+	// 8. Machines of a member MachineDeployment no NodeClaim owns.
+	if member {
+		s.later(c.reportUnowned(s.md, s.machines, s.open, settled(s.cnt, s.r), s.now))
+	}
+	return s.requeue, nil
+}
+
+// passState is one pass's view of a MachineDeployment (read once, behind
+// the barrier) and what its steps decided so far.
+type passState struct {
+	c      *Controller
+	p      *Provider
+	key    types.NamespacedName
+	md     *clusterv1.MachineDeployment
+	recs   records // as read
+	norm   outcome // normalized, no intents
+	cnt    counts
+	low    lowering // which MachineSet a lowering comes off now
+	r      int32
+	now    time.Time
+	prefix string
+
+	machines   []*clusterv1.Machine
+	candidates []*clusterv1.Machine
+	// open: the reservations with their stamps, oldest first.
+	open []reservation
+	// taken: Machines bound, marked or changed in this pass.
+	taken   map[string]bool
+	intents []*intent
+	spare   int32
+	// liveMachines: the Machines read live in this pass (nil: not yet).
+	liveMachines []*clusterv1.Machine
+
+	bindable func(*clusterv1.Machine) bool
+	touched  map[string]bool
+	requeue  time.Duration
+	// writesFrom: when the pass's first write to a Machine began.
+	writesFrom time.Time
+}
+
+// readPass reads what a pass decides on: the MachineDeployment (live on
+// this process's first pass over it), its records, Machines and
+// MachineSets. A nil state ends the pass with the duration returned (the
+// barrier: the cache does not show this process's writes yet; records that
+// cannot be read are reported through the instance-type store).
+func (c *Controller) readPass(ctx context.Context, md *clusterv1.MachineDeployment) (*passState, time.Duration, error) {
 	p := c.provider
 	key := client.ObjectKeyFromObject(md)
-	unlock := p.locks.lock(key)
-	defer unlock()
 	if !p.barrier.shows("MachineDeployment", key, md) {
-		return barrierRetry, nil
+		return nil, barrierRetry, nil
 	}
 	// A process's first pass over a MachineDeployment reads it and its
 	// Machines live: its cache may not show yet what the process before it
@@ -159,7 +223,7 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 		reader = p.hub.GetAPIReader()
 		live := &clusterv1.MachineDeployment{}
 		if err := reader.Get(ctx, key, live); err != nil {
-			return 0, client.IgnoreNotFound(err)
+			return nil, 0, client.IgnoreNotFound(err)
 		}
 		md = live
 	}
@@ -167,120 +231,126 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 	if err != nil {
 		// Reported through the instance-type store (the Source's error:
 		// left out of offerings, a NodeClass problem and event).
-		return 0, nil
+		return nil, 0, nil
 	}
 	machines, err := machinesOf(ctx, reader, md)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	defer c.readLive.Store(key, true)
+	c.readLive.Store(key, true)
 	for _, m := range machines {
 		if !p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
-			return barrierRetry, nil
+			return nil, barrierRetry, nil
 		}
 	}
-	now := p.now()
-	free := func(claim string) bool { return p.claimFree(ctx, claim) }
-	bindable := func(m *clusterv1.Machine) bool { return noRegisteredNode(ctx, c.spoke, m) }
 	sets, err := setsOf(ctx, reader, md)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	norm := plan(md, recs, view{machines: machines, sets: sets, free: free, bindable: bindable}, nil)
-	cnt := count(machines, nil)
+	s := &passState{c: c, p: p, key: key, md: md, recs: recs, machines: machines, now: p.now(),
+		r: ptr.Deref(md.Spec.Replicas, 0), prefix: key.String() + "/", taken: map[string]bool{}, touched: map[string]bool{}}
+	free := func(claim string) bool { return p.claimFree(ctx, claim) }
+	s.bindable = func(m *clusterv1.Machine) bool { return noRegisteredNode(ctx, c.spoke, m) }
+	s.norm = plan(md, recs, view{machines: machines, sets: sets, free: free, bindable: s.bindable}, nil)
+	s.cnt = count(machines, nil)
 	// Which MachineSet a lowering would come off now: a free reservation
 	// is given back only with a Machine of that one (marking another would
 	// be undone by the refused write, pass after pass).
-	low := lowers(md, sets, machines)
-	r := ptr.Deref(md.Spec.Replicas, 0)
-	prefix := key.String() + "/"
-	touched := map[string]bool{}
-	since := func(what string) time.Duration {
-		k := prefix + what
-		touched[k] = true
-		return now.Sub(c.seen.since(k, now))
-	}
-	var requeue time.Duration
-	later := func(d time.Duration) {
-		if d > 0 && (requeue == 0 || d < requeue) {
-			requeue = d
-		}
-	}
-	defer func() { c.seen.keep(prefix, touched) }()
-
-	// Reservations with their stamps, oldest first.
-	var open []reservation
-	for claim, raised := range norm.recs.pending {
+	s.low = lowers(md, sets, machines)
+	for claim, raised := range s.norm.recs.pending {
 		at, ok := stampOf(md, raised)
 		if !ok {
 			log.FromContext(ctx).Error(fmt.Errorf("MachineDeployment %s: reservation of NodeClaim %s has no stamp and the MachineDeployment no managed-fields entry of %s", key, claim, FieldManager),
 				"reservation left unbound")
 			continue
 		}
-		open = append(open, reservation{claim: claim, at: at, state: c.claimState(ctx, claim, false)})
+		s.open = append(s.open, reservation{claim: claim, at: at, state: c.claimState(ctx, claim, false)})
 	}
-	sort.Slice(open, func(i, j int) bool {
-		if !open[i].at.Equal(open[j].at) {
-			return open[i].at.Before(open[j].at)
+	sort.Slice(s.open, func(i, j int) bool {
+		if !s.open[i].at.Equal(s.open[j].at) {
+			return s.open[i].at.Before(s.open[j].at)
 		}
-		return open[i].claim < open[j].claim
+		return s.open[i].claim < s.open[j].claim
 	})
+	s.candidates = c.candidates(ctx, machines)
+	s.spare = s.norm.recs.owned - s.cnt.bound - int32(len(s.norm.recs.pending))
+	return s, 0, nil
+}
 
-	// overBudget reports (and requeues for) a pass that has spent
-	// passBudget on writes to Machines: no more of them in this pass. The
-	// budget starts at the pass's first such write, which it always
-	// makes: reads before it (many of them live when NodeClaims are gone)
-	// never keep a pass from progressing.
-	var writesFrom time.Time
-	overBudget := func() bool {
-		if writesFrom.IsZero() {
-			writesFrom = p.now()
-			return false
-		}
-		if p.now().Sub(writesFrom) < passBudget {
-			return false
-		}
-		later(passBudgetRequeue)
-		return true
+// since returns how long the condition what has been seen (a grace's
+// clock), and keeps it remembered past this pass.
+func (s *passState) since(what string) time.Duration {
+	k := s.prefix + what
+	s.touched[k] = true
+	return s.now.Sub(s.c.seen.since(k, s.now))
+}
+
+// later asks for the pass to be run again within d.
+func (s *passState) later(d time.Duration) {
+	if d > 0 && (s.requeue == 0 || d < s.requeue) {
+		s.requeue = d
 	}
+}
 
-	// 1. Bind.
-	taken := map[string]bool{}
-	candidates := c.candidates(ctx, machines)
-	for i := range open {
-		e := &open[i]
+// overBudget reports (and requeues for) a pass that has spent passBudget
+// on writes to Machines: no more of them in this pass. The budget starts at
+// the pass's first such write, which it always makes: reads before it (many
+// of them live when NodeClaims are gone) never keep a pass from
+// progressing.
+func (s *passState) overBudget() bool {
+	if s.writesFrom.IsZero() {
+		s.writesFrom = s.p.now()
+		return false
+	}
+	if s.p.now().Sub(s.writesFrom) < passBudget {
+		return false
+	}
+	s.later(passBudgetRequeue)
+	return true
+}
+
+// bindOpen is step 1: each open reservation of a pending NodeClaim, oldest
+// first, is bound to the oldest Machine made for it.
+func (s *passState) bindOpen(ctx context.Context) error {
+	for i := range s.open {
+		e := &s.open[i]
 		if e.state != claimPending {
 			continue
 		}
-		if overBudget() {
+		if s.overBudget() {
 			break
 		}
-		if other, err := p.BoundMachine(ctx, e.claim); err != nil || other != nil {
+		if other, err := s.p.BoundMachine(ctx, e.claim); err != nil || other != nil {
 			continue
 		}
-		for _, m := range candidates {
-			if taken[m.Name] || !madeFor(m, e.at) {
+		for _, m := range s.candidates {
+			if s.taken[m.Name] || !madeFor(m, e.at) {
 				continue
 			}
-			ok, err := c.bind(ctx, m, e.claim, e.at)
+			ok, err := s.c.bind(ctx, m, e.claim, e.at)
 			if err != nil {
-				return 0, err
+				return err
 			}
-			taken[m.Name] = true // bound or changed: not a candidate again in this pass
+			s.taken[m.Name] = true // bound or changed: not a candidate again in this pass
 			if ok {
 				e.state = claimLaunched // not open any more in this pass
 				break
 			}
 		}
 		if e.state == claimPending {
-			later(openRecheck)
+			s.later(openRecheck)
 		}
 	}
+	return nil
+}
 
-	var intents []*intent
-	var giveBacks []*clusterv1.Machine
-	spare := norm.recs.owned - cnt.bound - int32(len(norm.recs.pending))
-	for _, m := range machines {
+// machineIntents are steps 2, 3, 6 and 7, decided per Machine: reclaim the
+// replica of a bound Machine someone else deletes, release orphans, lower
+// what marks still owe, delete released and given-back Machines the
+// MachineSet keeps.
+func (s *passState) machineIntents(ctx context.Context) error {
+	p := s.p
+	for _, m := range s.machines {
 		claim := m.Annotations[v1alpha1.NodeClaimAnnotation]
 		switch {
 		case !m.DeletionTimestamp.IsZero():
@@ -293,189 +363,236 @@ func (c *Controller) pass(ctx context.Context, md *clusterv1.MachineDeployment, 
 			// NodeClaim whose launch failed here launches elsewhere.
 			// The writer counts as its replica only a spare beyond the
 			// lowerings live released Machines still owe.
-			if claim != "" && spare > 0 && (!markedByUs(m) || p.claimLeaving(ctx, claim)) {
-				intents = append(intents, &intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time, released: markedByUs(m)})
+			if claim != "" && s.spare > 0 && (!markedByUs(m) || p.claimLeaving(ctx, claim)) {
+				s.intents = append(s.intents, &intent{kind: intentReclaim, claim: claim, at: m.CreationTimestamp.Time, released: markedByUs(m)})
 			}
 		case markedByUs(m) && claim != "":
 			// 6. Marked, replica maybe still owed (a crash between mark
 			// and lower): the writer lowers only what is owed.
-			if spare > 0 {
-				intents = append(intents, &intent{kind: intentLower, claim: claim, machine: m, why: "released"})
-			} else if settled(cnt, r) && since("kept/"+m.Name) >= keptGrace {
+			if s.spare > 0 {
+				s.intents = append(s.intents, &intent{kind: intentLower, claim: claim, machine: m, why: "released"})
+			} else if settled(s.cnt, s.r) && s.since("kept/"+m.Name) >= keptGrace {
 				// 7. Kept: the MachineSet has as many Machines as
 				// replicas and keeps this one; no replica is owed.
 				log.FromContext(ctx).Info("deleting a released Machine its MachineSet kept", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 				if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
-					return 0, err
+					return err
 				}
 				metrics.OrphansReleased.WithLabelValues("kept").Inc()
 			} else {
-				later(keptGrace)
+				s.later(keptGrace)
 			}
 		case markedByUs(m):
-			// An unbound Machine marked to give a reservation back with.
-			if k := giveBackKey(m); k != "" {
-				if _, ok := norm.recs.pending[k]; ok {
-					intents = append(intents, &intent{kind: intentGiveBack, claim: k, machine: m})
-					taken[m.Name] = true
-					continue
-				}
+			if err := s.givenBack(ctx, m); err != nil {
+				return err
 			}
-			// Its give-back is done (or void) and the MachineSet keeps it
-			// (it was short of its replicas, or someone raised them): the
-			// mark would hold back handing spares over. A reservation it
-			// was made for still open takes it (unmarked, it is eligible);
-			// for none, it stands in a replica that a later raise is waiting
-			// for and can never serve (made before that raise): deleted, as
-			// a released Machine is (7. Kept), the MachineSet makes the
-			// raise's Machine.
-			if settled(cnt, r) && since("kept/"+m.Name) >= keptGrace {
-				if servesOpen(open, m) {
-					if err := p.unmark(ctx, m); err != nil {
-						return 0, err
-					}
-					continue
-				}
-				log.FromContext(ctx).Info("deleting a Machine given back that its MachineSet kept", "Machine", client.ObjectKeyFromObject(m))
-				if err := p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
-					return 0, err
-				}
-				metrics.OrphansReleased.WithLabelValues("kept").Inc()
-			} else {
-				later(keptGrace)
-			}
-		case claim != "" && !taken[m.Name]:
+		case claim != "" && !s.taken[m.Name]:
 			// 3. Orphans: bound, its NodeClaim gone.
-			if c.claimState(ctx, claim, false) != claimGone {
+			if s.c.claimState(ctx, claim, false) != claimGone {
 				continue
 			}
-			if wait := OrphanGrace - since("orphan/"+m.Name); wait > 0 {
-				later(wait)
+			if wait := OrphanGrace - s.since("orphan/"+m.Name); wait > 0 {
+				s.later(wait)
 				continue
 			}
-			if overBudget() {
+			if s.overBudget() {
 				continue
 			}
 			log.FromContext(ctx).Info("releasing a Machine whose NodeClaim is gone", "Machine", client.ObjectKeyFromObject(m), "NodeClaim", claim)
 			if _, err := p.mark(ctx, m, releaseMark(claim, "is gone")); err != nil && !errors.Is(err, ErrMachineGone) {
-				return 0, err
+				return err
 			}
-			intents = append(intents, &intent{kind: intentLower, claim: claim, machine: m, why: "is gone"})
+			s.intents = append(s.intents, &intent{kind: intentLower, claim: claim, machine: m, why: "is gone"})
 			metrics.OrphansReleased.WithLabelValues("machine").Inc()
 		}
 	}
+	return nil
+}
 
-	// 4, 5. Reservations no NodeClaim uses, or no Machine can serve.
-	var liveMachines []*clusterv1.Machine
-	for _, e := range open {
+// givenBack decides on an unbound Machine the provider marked to give a
+// reservation back with.
+func (s *passState) givenBack(ctx context.Context, m *clusterv1.Machine) error {
+	if k := giveBackKey(m); k != "" {
+		if _, ok := s.norm.recs.pending[k]; ok {
+			s.intents = append(s.intents, &intent{kind: intentGiveBack, claim: k, machine: m})
+			s.taken[m.Name] = true
+			return nil
+		}
+	}
+	// Its give-back is done (or void) and the MachineSet keeps it (it was
+	// short of its replicas, or someone raised them): the mark would hold
+	// back handing spares over. A reservation it was made for still open
+	// takes it (unmarked, it is eligible); for none, it stands in a replica
+	// that a later raise is waiting for and can never serve (made before
+	// that raise): deleted, as a released Machine is (7. Kept), the
+	// MachineSet makes the raise's Machine.
+	if !settled(s.cnt, s.r) || s.since("kept/"+m.Name) < keptGrace {
+		s.later(keptGrace)
+		return nil
+	}
+	if servesOpen(s.open, m) {
+		return s.p.unmark(ctx, m)
+	}
+	log.FromContext(ctx).Info("deleting a Machine given back that its MachineSet kept", "Machine", client.ObjectKeyFromObject(m))
+	if err := s.p.deleteMachine(ctx, m); err != nil && !errors.Is(err, ErrMachineGone) {
+		return err
+	}
+	metrics.OrphansReleased.WithLabelValues("kept").Inc()
+	return nil
+}
+
+// reservationIntents are steps 4 and 5: reservations no NodeClaim uses
+// are given back with a Machine made for them, or, like reservations no
+// Machine can serve, handed over once the MachineSet has settled.
+func (s *passState) reservationIntents(ctx context.Context) error {
+	for _, e := range s.open {
 		switch e.state {
 		case claimGone:
-			if wait := OrphanGrace - since("free/"+e.claim); wait > 0 {
-				later(wait)
+			if wait := OrphanGrace - s.since("free/"+e.claim); wait > 0 {
+				s.later(wait)
 				continue
 			}
-			if overBudget() {
+			if s.overBudget() {
 				continue
 			}
-			if low.err != nil || c.giveBackVictim(candidates, taken, e.at) != nil && c.giveBackVictim(lowerable(candidates, low), taken, e.at) == nil {
-				// A rollout: Cluster API would take the lowering from
-				// another MachineSet. The replica stays up (the next
-				// NodeClaim may take it) until the rollout lets it go.
-				later(openRecheck)
+			done, err := s.giveBack(ctx, e)
+			if err != nil {
+				return err
+			}
+			if done {
 				continue
 			}
-			if m := c.giveBackVictim(lowerable(candidates, low), taken, e.at); m != nil {
-				if err := p.markUnbound(ctx, m, giveBackMark(e.claim)); errors.Is(err, errMachineChanged) {
-					later(barrierRetry)
-					continue
-				} else if err != nil {
-					return 0, err
-				}
-				taken[m.Name] = true
-				giveBacks = append(giveBacks, m)
-				intents = append(intents, &intent{kind: intentGiveBack, claim: e.claim, machine: m})
-				metrics.OrphansReleased.WithLabelValues("replica").Inc()
-				continue
+			if err := s.handOver(ctx, e); err != nil {
+				return err
 			}
-			fallthrough
 		case claimPending:
-			// Settled means one MachineSet with as many Machines as
-			// replicas: during a rollout nothing is handed over.
-			if !settled(cnt, r) || cnt.marked > 0 || low.set != "" || low.err != nil || now.Sub(e.at) < OrphanGrace {
-				later(openRecheck)
-				continue
-			}
-			// Decided on a live list: the cache may not show a Machine
-			// the MachineSet made lately.
-			if liveMachines == nil {
-				if liveMachines, err = machinesOf(ctx, p.hub.GetAPIReader(), md); err != nil {
-					return 0, err
-				}
-			}
-			if settled(count(liveMachines, nil), r) && !eligibleExists(view{machines: liveMachines, bindable: bindable}, e.at) {
-				intents = append(intents, &intent{kind: intentStranded, claim: e.claim})
+			if err := s.handOver(ctx, e); err != nil {
+				return err
 			}
 		}
 	}
+	return nil
+}
 
-	// Spare replicas nothing accounts for (no marked Machine owes them):
-	// left to others once the MachineSet has settled.
-	if spare > 0 && cnt.marked == 0 && settled(cnt, r) && low.set == "" && low.err == nil {
-		if since("spare") >= OrphanGrace {
-			intents = append(intents, &intent{kind: intentSpare})
+// giveBack gives a free reservation back with a Machine made for it, of the
+// MachineSet a lowering comes off. It reports whether the reservation is
+// dealt with in this pass (given back, or waiting for a rollout).
+func (s *passState) giveBack(ctx context.Context, e reservation) (bool, error) {
+	if s.low.err != nil || s.c.giveBackVictim(s.candidates, s.taken, e.at) != nil && s.c.giveBackVictim(lowerable(s.candidates, s.low), s.taken, e.at) == nil {
+		// A rollout: Cluster API would take the lowering from another
+		// MachineSet. The replica stays up (the next NodeClaim may take
+		// it) until the rollout lets it go.
+		s.later(openRecheck)
+		return true, nil
+	}
+	m := s.c.giveBackVictim(lowerable(s.candidates, s.low), s.taken, e.at)
+	if m == nil {
+		return false, nil
+	}
+	if err := s.p.markUnbound(ctx, m, giveBackMark(e.claim)); errors.Is(err, errMachineChanged) {
+		s.later(barrierRetry)
+		return true, nil
+	} else if err != nil {
+		return false, err
+	}
+	s.taken[m.Name] = true
+	s.intents = append(s.intents, &intent{kind: intentGiveBack, claim: e.claim, machine: m})
+	metrics.OrphansReleased.WithLabelValues("replica").Inc()
+	return true, nil
+}
+
+// handOver hands a reservation no Machine can serve over (stranded): only
+// once the MachineSet has settled (one MachineSet with as many Machines as
+// replicas: during a rollout nothing is handed over), decided on a live
+// list, as the cache may not show a Machine the MachineSet made lately.
+func (s *passState) handOver(ctx context.Context, e reservation) error {
+	if !settled(s.cnt, s.r) || s.cnt.marked > 0 || s.low.set != "" || s.low.err != nil || s.now.Sub(e.at) < OrphanGrace {
+		s.later(openRecheck)
+		return nil
+	}
+	if s.liveMachines == nil {
+		var err error
+		if s.liveMachines, err = machinesOf(ctx, s.p.hub.GetAPIReader(), s.md); err != nil {
+			return err
+		}
+	}
+	if settled(count(s.liveMachines, nil), s.r) && !eligibleExists(view{machines: s.liveMachines, bindable: s.bindable}, e.at) {
+		s.intents = append(s.intents, &intent{kind: intentStranded, claim: e.claim})
+	}
+	return nil
+}
+
+// spareIntent hands over spare replicas nothing accounts for (no marked
+// Machine owes them), once the MachineSet has settled.
+func (s *passState) spareIntent(context.Context) error {
+	if s.spare > 0 && s.cnt.marked == 0 && settled(s.cnt, s.r) && s.low.set == "" && s.low.err == nil {
+		if s.since("spare") >= OrphanGrace {
+			s.intents = append(s.intents, &intent{kind: intentSpare})
 		} else {
-			later(OrphanGrace)
+			s.later(OrphanGrace)
 		}
 	}
+	return nil
+}
 
-	// Records the objects have overtaken are written down even when
-	// nothing else is: a count above the replicas and reservations no
-	// replica backs at once (their NodeClaims raise again once they are
-	// gone from the records); reservations a Machine took up within
-	// TakeUpDelay, together. Stamping alone waits for the next write.
-	takenUp := norm.takenUp > 0
-	urgent := len(recs.pending)-len(norm.recs.pending) > norm.takenUp || norm.recs.owned != recs.owned || !recs.hasOwned || recs.legacy
-	if len(intents) == 0 && !urgent && takenUp {
-		if wait := TakeUpDelay - since("taken-up"); wait > 0 {
-			later(wait)
-			takenUp = false
-		} else {
-			delete(touched, prefix+"taken-up") // written now: the next take-up waits anew
+// writeRecords sends the pass's intents in one write, with the records the
+// objects have overtaken, and acts on what the write decided.
+func (s *passState) writeRecords(ctx context.Context) error {
+	if !s.recordsDue() {
+		return nil
+	}
+	p := s.p
+	if err := p.writer.write(ctx, s.key, s.intents); err != nil {
+		return err
+	}
+	for _, in := range s.intents {
+		if in.kind == intentLower && deletesDirectly(in.err) && p.claimLeaving(ctx, in.claim) {
+			// As Release does: a rollout keeps the lowering off this
+			// Machine's MachineSet; exactly it goes, its replica stays
+			// Karpenter's (reclaimed for its NodeClaim).
+			log.FromContext(ctx).Info("deleting a released Machine: Cluster API would take the lowering off another Machine", "why", in.err.Error(), "Machine", client.ObjectKeyFromObject(in.machine), "NodeClaim", in.claim)
+			if err := p.deleteMachine(ctx, in.machine); err != nil && !errors.Is(err, ErrMachineGone) {
+				return err
+			}
+		}
+		if in.kind == intentGiveBack && (!in.done || in.atMin) && in.machine != nil {
+			// Not given back with it (at min-size the replica passed to
+			// whoever set the minimum, or the marks did not cover it): the
+			// Machine stays, unmarked.
+			if err := p.unmark(ctx, in.machine); err != nil {
+				return err
+			}
+		}
+		if in.kind == intentStranded && in.done {
+			p.waiters.Notify(in.claim) // its Launch raises again at once
 		}
 	}
-	if len(intents) > 0 || urgent || takenUp {
-		if err := p.writer.write(ctx, key, intents); err != nil {
-			return 0, err
-		}
-		for _, in := range intents {
-			if in.kind == intentLower && deletesDirectly(in.err) && p.claimLeaving(ctx, in.claim) {
-				// As Release does: a rollout keeps the lowering off this
-				// Machine's MachineSet; exactly it goes, its replica
-				// stays Karpenter's (reclaimed for its NodeClaim).
-				log.FromContext(ctx).Info("deleting a released Machine: Cluster API would take the lowering off another Machine", "why", in.err.Error(), "Machine", client.ObjectKeyFromObject(in.machine), "NodeClaim", in.claim)
-				if err := p.deleteMachine(ctx, in.machine); err != nil && !errors.Is(err, ErrMachineGone) {
-					return 0, err
-				}
-			}
-			if in.kind == intentGiveBack && (!in.done || in.atMin) && in.machine != nil {
-				// Not given back with it (at min-size the replica passed
-				// to whoever set the minimum, or the marks did not cover
-				// it): the Machine stays, unmarked.
-				if err := p.unmark(ctx, in.machine); err != nil {
-					return 0, err
-				}
-			}
-			if in.kind == intentStranded && in.done {
-				p.waiters.Notify(in.claim) // its Launch raises again at once
-			}
-		}
-	}
+	return nil
+}
 
-	// 8. Machines of a member MachineDeployment no NodeClaim owns.
-	if member {
-		later(c.reportUnowned(md, machines, open, settled(cnt, r), now))
+// recordsDue reports whether the pass writes: it has intents, or records
+// the objects have overtaken are to be written down even when nothing else
+// is: a count above the replicas and reservations no replica backs at once
+// (their NodeClaims raise again once they are gone from the records);
+// reservations a Machine took up within TakeUpDelay, together. Stamping
+// alone waits for the next write.
+func (s *passState) recordsDue() bool {
+	if len(s.intents) > 0 {
+		return true
 	}
-	return requeue, nil
+	recs, norm := s.recs, s.norm
+	if len(recs.pending)-len(norm.recs.pending) > norm.takenUp || norm.recs.owned != recs.owned || !recs.hasOwned || recs.legacy {
+		return true
+	}
+	if norm.takenUp == 0 {
+		return false
+	}
+	if wait := TakeUpDelay - s.since("taken-up"); wait > 0 {
+		s.later(wait)
+		return false
+	}
+	delete(s.touched, s.prefix+"taken-up") // written now: the next take-up waits anew
+	return true
 }
 
 // candidates are the Machines a reservation may be bound to or given back
