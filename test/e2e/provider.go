@@ -106,7 +106,10 @@ func startKarpenter(bin, logPath string, args, env []string) (*Provider, error) 
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Killed with the test process, as the world's processes are: a bench
+	// stopped by hand left its provider retrying a world that was gone, at
+	// a third of a core, under the next make test.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Env = append(os.Environ(),
 		"DISABLE_LEADER_ELECTION=true",
 		fmt.Sprintf("METRICS_PORT=%d", metrics),
