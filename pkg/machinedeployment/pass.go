@@ -43,6 +43,13 @@ const (
 	// openRecheck is how often a MachineDeployment with open reservations
 	// is looked at again without an event.
 	openRecheck = 5 * time.Second
+	// TakeUpDelay is how long reservations that Machines took up wait to be
+	// dropped from the records when no other write of the
+	// MachineDeployment comes first: a burst's bindings go in one write
+	// instead of one each (every write of the records is copied by Cluster
+	// API onto the MachineSet, which then reconciles). Until then each is
+	// done at every decision: plan drops a reservation a Machine took up.
+	TakeUpDelay = 5 * time.Second
 	// passBudget bounds how long one pass goes on starting writes to
 	// Machines (binds, marks) while it holds the MachineDeployment's lock;
 	// the rest waits for the next pass, passBudgetRequeue later. Launch's
@@ -564,13 +571,29 @@ func (s *passState) writeRecords(ctx context.Context) error {
 }
 
 // recordsDue reports whether the pass writes: it has intents, or records
-// the objects have overtaken (reservations a Machine took up, a count above
-// the replicas, reservations no replica backs) are written down even when
-// nothing else is: they would keep the claims waiting. Stamping alone waits
-// for the next write.
+// the objects have overtaken are written down even when nothing else is: a
+// count above the replicas and reservations no replica backs at once (their
+// NodeClaims raise again only once they are gone from the records);
+// reservations a Machine took up TakeUpDelay after a pass first saw one,
+// together (every decision, Launch's included, counts them done meanwhile).
+// Stamping alone waits for the next write.
 func (s *passState) recordsDue() bool {
+	if len(s.intents) > 0 {
+		return true
+	}
 	recs, norm := s.recs, s.norm
-	return len(s.intents) > 0 || len(norm.recs.pending) < len(recs.pending) || norm.recs.owned != recs.owned || !recs.hasOwned || recs.legacy
+	if len(recs.pending)-len(norm.recs.pending) > norm.takenUp || norm.recs.owned != recs.owned || !recs.hasOwned || recs.legacy {
+		return true
+	}
+	if norm.takenUp == 0 {
+		return false
+	}
+	if wait := TakeUpDelay - s.since("taken-up"); wait > 0 {
+		s.later(wait)
+		return false
+	}
+	delete(s.touched, s.prefix+"taken-up") // written now: the next take-up waits anew
+	return true
 }
 
 // candidates are the Machines a reservation may be bound to or given back

@@ -109,6 +109,9 @@ type outcome struct {
 	recs     records
 	replicas int32
 	changed  bool
+	// takenUp counts the reservations dropped because a Machine took
+	// them up (done: nothing waits for their removal).
+	takenUp int
 	// lines say each replica change: for the log and the MachineDeployment's event.
 	lines []string
 }
@@ -208,6 +211,7 @@ func plan(md *clusterv1.MachineDeployment, recs records, v view, intents []*inte
 	for claim, at := range out.recs.pending {
 		if !at.IsZero() && c.used(claim, at) {
 			delete(out.recs.pending, claim)
+			out.takenUp++
 			changed = true
 		}
 	}

@@ -266,7 +266,12 @@ func (p *Provider) reservedOn(ctx context.Context, claim string) (*types.Namespa
 }
 
 // reservation returns the MachineDeployment holding a reservation for the
-// claim and its stamp (zero when unknown), or nil.
+// claim and its stamp (zero when unknown), or nil. A reservation a Machine
+// took up (a live Machine of that MachineDeployment annotated with the
+// claim, made at or after the stamp) is done, as every write decides
+// (plan), although the records may list it for up to TakeUpDelay: when
+// that Machine is no longer bound (released after a failed launch), the
+// claim reserves again.
 func (p *Provider) reservation(ctx context.Context, claim string) (*types.NamespacedName, time.Time, error) {
 	key, err := p.reservedOn(ctx, claim)
 	if err != nil || key == nil {
@@ -281,7 +286,27 @@ func (p *Provider) reservation(ctx context.Context, claim string) (*types.Namesp
 		return key, time.Time{}, nil
 	}
 	at, _ := stampOf(md, pending[claim])
+	if !at.IsZero() && p.takenUp(ctx, md, claim, at) {
+		return nil, time.Time{}, nil
+	}
 	return key, at, nil
+}
+
+// takenUp reports whether a live Machine of the MachineDeployment annotated
+// with the claim was made for its reservation stamped at (the cache; a
+// read error says no: the reservation stands).
+func (p *Provider) takenUp(ctx context.Context, md *clusterv1.MachineDeployment, claim string, at time.Time) bool {
+	list := &clusterv1.MachineList{}
+	if err := p.hub.GetCache().List(ctx, list, client.InNamespace(md.Namespace), client.MatchingFields{hub.IndexMachineNodeClaim: claim}, client.UnsafeDisableDeepCopy); err != nil {
+		return false
+	}
+	for i := range list.Items {
+		m := &list.Items[i]
+		if m.Labels[clusterv1.MachineDeploymentNameLabel] == md.Name && m.DeletionTimestamp.IsZero() && madeFor(m, at) {
+			return true
+		}
+	}
+	return false
 }
 
 // waitForProviderID waits until the Machine bound to the claim has a

@@ -103,9 +103,20 @@ func TestConcurrentWriterKeepsItsReplicaChanges(t *testing.T) {
 	})
 
 	// The writer scales down by one and picks a Karpenter node for it
-	// (delete-machine): Cluster API removes that node, Karpenter launches a
-	// replacement for its pods and the writer's net change still holds.
-	victim := boundMachine(t, md)
+	// (delete-machine): Cluster API removes that node and Karpenter's
+	// NodeClaim reclaims the lost replica (a reservation stamped at the lost
+	// Machine's creation). A Machine of the writer's made since then takes
+	// its place and the writer's net change holds; a writer's Machine made
+	// before is never taken (the stamp rule), so when there is none the
+	// replica goes back to the writer's share and Karpenter raises for its
+	// replacement. Which case a run meets depends on the order the burst's
+	// Machines were made in: the victim is the oldest bound Machine, and the
+	// test asserts the outcome of the case it meets.
+	victim, replaceable := oldestBoundMachine(t, md)
+	if !replaceable {
+		net++ // the writer's lowering is undone: Karpenter raises for its replacement
+	}
+	t.Logf("victim %s made %s; a writer's Machine made since: %v", victim.Name, victim.CreationTimestamp.UTC().Format(time.RFC3339), replaceable)
 	mark := client.MergeFrom(victim.DeepCopy())
 	victim.Annotations[clusterv1.DeleteMachineAnnotation] = "writer"
 	if err := w.Hub.Client.Patch(ctx, victim, mark); err != nil {
@@ -151,6 +162,39 @@ func TestConcurrentWriterKeepsItsReplicaChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCounts(t, 2*time.Minute, "conc", "app-conc", mds, func(c counts) bool { return c.Machines == 0 && c.Replicas == 0 })
+}
+
+// oldestBoundMachine returns the live Machine of the MachineDeployment bound
+// to a NodeClaim that was made first, and whether a live unbound Machine was
+// made in the same second or later (one a reservation stamped at its
+// creation may be bound to).
+func oldestBoundMachine(t *testing.T, md *clusterv1.MachineDeployment) (*clusterv1.Machine, bool) {
+	t.Helper()
+	ms := &clusterv1.MachineList{}
+	if err := w.Hub.Client.List(context.Background(), ms, client.InNamespace(md.Namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: md.Name}); err != nil {
+		t.Fatal(err)
+	}
+	var oldest *clusterv1.Machine
+	var newestUnbound time.Time
+	for i := range ms.Items {
+		m := &ms.Items[i]
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if m.Annotations[v1alpha1.NodeClaimAnnotation] == "" {
+			if m.CreationTimestamp.After(newestUnbound) {
+				newestUnbound = m.CreationTimestamp.Time
+			}
+			continue
+		}
+		if oldest == nil || m.CreationTimestamp.Before(&oldest.CreationTimestamp) {
+			oldest = m
+		}
+	}
+	if oldest == nil {
+		t.Fatalf("no bound Machine in MachineDeployment %s", md.Name)
+	}
+	return oldest, !newestUnbound.Before(oldest.CreationTimestamp.Time)
 }
 
 // boundMachine returns a live Machine of the MachineDeployment bound to a

@@ -50,6 +50,7 @@ func (w *world) checks() interceptor.Funcs {
 					if err := c.Patch(ctx, obj, patch, opts...); err != nil {
 						return err
 					}
+					w.mdWrites.Add(1)
 					now := &clusterv1.MachineDeployment{}
 					_ = c.Get(ctx, client.ObjectKeyFromObject(o), now)
 					w.checkReplicas(old, now)

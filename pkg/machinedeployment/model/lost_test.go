@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
+	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
 )
 
 // Conformance run G (Utilization, MachineDeployment mode): 100 NodeClaims
@@ -40,9 +41,12 @@ func TestAClaimWhoseMachineTheMachineSetRemovedTakesTheMachineKeptInItsPlace(t *
 	if lost == nil || w.machineOf(b) == nil {
 		t.Fatalf("NodeClaims %s and %s not both bound after the Machines were made", a, b)
 	}
-	// The reservations of bound claims are dropped with a later write.
+	// The reservations of bound claims are dropped with a later write:
+	// TakeUpDelay after a pass first saw them taken up.
 	w.now = w.now.Add(20 * time.Second)
 	w.hub.Sync()
+	w.reconcile()
+	w.now = w.now.Add(machinedeployment.TakeUpDelay)
 	w.reconcile()
 	w.hub.Sync()
 	if p, _ := hub.PendingNodeClaims(w.md("cheap")); len(p) != 0 {

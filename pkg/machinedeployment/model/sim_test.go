@@ -109,6 +109,8 @@ type world struct {
 	liveMachineLists atomic.Int64
 	// listing is set while the world itself lists Machines (checks).
 	listing atomic.Int32
+	// mdWrites counts the provider's writes of MachineDeployments.
+	mdWrites atomic.Int64
 	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
 	// write the provider makes.
 	trace func(string)
