@@ -1,8 +1,11 @@
 package model
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/autonode/karpenter-clusterapi/pkg/hub"
 	"github.com/autonode/karpenter-clusterapi/pkg/machinedeployment"
@@ -79,4 +82,43 @@ func (w *world) boundClaims(claims []string) int {
 		}
 	}
 	return n
+}
+
+// A reservation a Machine took up stays listed for up to TakeUpDelay. When
+// that Machine is released in the meantime (its launch failed within
+// seconds, as an exhausted offering's does: marked, the lowering not yet
+// written), the NodeClaim's next Launch must not wait on the listed
+// reservation, for which no Machine will be made: it reserves again at once.
+func TestALaunchDoesNotWaitOnAReservationItsReleasedMachineTookUp(t *testing.T) {
+	w := newWorld(t, map[string]int32{"cheap": 0}, nil, nil)
+	w.reconcile()
+	a := w.newClaim()
+	w.now = w.now.Add(time.Second)
+	_ = w.create(a) // raised on cheap
+	w.runMachineSets()
+	w.hub.Sync()
+	w.reconcile() // binds the Machine to a
+	w.hub.Sync()
+	w.reconcile() // the take-up waits for TakeUpDelay
+	w.hub.Sync()
+	m := w.machineOf(a)
+	if m == nil {
+		t.Fatal("setup: no Machine bound to the NodeClaim")
+	}
+	if got := w.reservations(a); len(got) != 1 {
+		t.Fatalf("setup: want %s's taken-up reservation still listed, got %v", a, got)
+	}
+	// Released as a failed launch is, up to the lowering.
+	w.acting.Store(true)
+	m.Annotations[clusterv1.DeleteMachineAnnotation] = "karpenter-clusterapi: NodeClaim " + a + " failed to launch"
+	w.must(w.hub.API.Update(context.Background(), m))
+	w.acting.Store(false)
+	w.hub.Sync()
+	before := w.replicas("cheap")
+	_ = w.create(a)
+	if got := w.replicas("cheap"); got != before+1 {
+		t.Fatalf("NodeClaim %s's Launch left cheap at %d replicas (from %d): it waited on the reservation its released Machine took up", a, got, before)
+	}
+	w.mustLaunch(t, 60, a)
+	w.noFailures(t)
 }
