@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 timeout=${TEST_TIMEOUT:-60m}
 shards=${E2E_SHARDS:-2}
 default_seconds=${E2E_DEFAULT_SECONDS:-60}
-mkdir -p bin
+mkdir -p bin bin/test-logs
 
 # The Test functions of test/e2e, by their declarations (listing them with
 # the test binary would start the suite's world first).
@@ -60,7 +60,7 @@ names=()
 run() { # name, command...
 	local name=$1
 	shift
-	("$@" 2>&1 | sed -u "s/^/[$name] /"; exit "${PIPESTATUS[0]}") &
+	("$@" 2>&1 | tee "bin/test-logs/$name.log" | sed -u "s/^/[$name] /"; exit "${PIPESTATUS[0]}") &
 	pids+=($!)
 	names+=("$name")
 }
@@ -80,6 +80,13 @@ for i in "${!pids[@]}"; do
 	fi
 done
 if [ "${#failed[@]}" -gt 0 ]; then
+	# What failed, last, where a CI log that keeps only its tail shows it:
+	# each failed stream's failing tests with the lines they logged.
+	for name in "${failed[@]}"; do
+		echo "test.sh: what failed in $name (bin/test-logs/$name.log has all of it):"
+		grep -E -A 40 -e '^\s*--- FAIL' -e '^panic:' -e '^FAIL' -e 'test timed out' "bin/test-logs/$name.log" |
+			grep -v -E '^\s*$' | head -n 300 | sed "s/^/[$name] /" || true
+	done
 	echo "test.sh: FAILED: ${failed[*]}"
 	exit 1
 fi

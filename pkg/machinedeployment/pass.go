@@ -37,19 +37,26 @@ const (
 	// when the Machine changed since the read in what the binding decides
 	// on (each after a live read).
 	bindAttempts = 3
-	// barrierRetry is how soon a pass whose cache does not show this
-	// process's writes yet looks again.
+	// barrierRetry is how soon a pass looks again when a Machine changed
+	// under its write.
 	barrierRetry = 200 * time.Millisecond
 	// openRecheck is how often a MachineDeployment with open reservations
 	// is looked at again without an event.
 	openRecheck = 5 * time.Second
 	// TakeUpDelay is how long reservations that Machines took up wait to be
 	// dropped from the records when no other write of the
-	// MachineDeployment comes first: a burst's bindings go in one write
-	// instead of one each (every write of the records is copied by Cluster
-	// API onto the MachineSet, which then reconciles). Until then each is
-	// done at every decision: plan drops a reservation a Machine took up.
+	// MachineDeployment comes first and no reservation of it still waits
+	// for its Machine: a burst's bindings go in one write instead of one
+	// each (every write of the records is copied by Cluster API onto the
+	// MachineSet, and each change of either makes Cluster API reconcile
+	// every Machine of the MachineDeployment). Until then each is done at
+	// every decision: plan drops a reservation a Machine took up.
 	TakeUpDelay = 5 * time.Second
+	// TakeUpMaxDelay is how long they wait while reservations of the
+	// MachineDeployment still wait for their Machines (a burst still
+	// binding): its bindings go in one write when it ends, or one per
+	// TakeUpMaxDelay while it lasts.
+	TakeUpMaxDelay = time.Minute
 	// passBudget bounds how long one pass goes on starting writes to
 	// Machines (binds, marks) while it holds the MachineDeployment's lock;
 	// the rest waits for the next pass, passBudgetRequeue later. Launch's
@@ -202,19 +209,19 @@ type passState struct {
 	requeue  time.Duration
 	// writesFrom: when the pass's first write to a Machine began.
 	writesFrom time.Time
+	// bound: how many reservations the pass bound.
+	bound int
 }
 
 // readPass reads what a pass decides on: the MachineDeployment (live on
 // this process's first pass over it), its records, Machines and
-// MachineSets. A nil state ends the pass with the duration returned (the
-// barrier: the cache does not show this process's writes yet; records that
-// cannot be read are reported through the instance-type store).
+// MachineSets, each as this process last wrote it when the cache does not
+// show that write yet (the barrier). A nil state ends the pass (records
+// that cannot be read are reported through the instance-type store).
 func (c *Controller) readPass(ctx context.Context, md *clusterv1.MachineDeployment) (*passState, time.Duration, error) {
 	p := c.provider
 	key := client.ObjectKeyFromObject(md)
-	if !p.barrier.shows("MachineDeployment", key, md) {
-		return nil, barrierRetry, nil
-	}
+	md = latest(&p.barrier, "MachineDeployment", key, md)
 	// A process's first pass over a MachineDeployment reads it and its
 	// Machines live: its cache may not show yet what the process before it
 	// (a leader handover) wrote last, which no barrier of this one covers.
@@ -238,10 +245,8 @@ func (c *Controller) readPass(ctx context.Context, md *clusterv1.MachineDeployme
 		return nil, 0, err
 	}
 	c.readLive.Store(key, true)
-	for _, m := range machines {
-		if !p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
-			return nil, barrierRetry, nil
-		}
+	for i, m := range machines {
+		machines[i] = latest(&p.barrier, "Machine", client.ObjectKeyFromObject(m), m)
 	}
 	sets, err := setsOf(ctx, reader, md)
 	if err != nil {
@@ -333,6 +338,7 @@ func (s *passState) bindOpen(ctx context.Context) error {
 			}
 			s.taken[m.Name] = true // bound or changed: not a candidate again in this pass
 			if ok {
+				s.bound++
 				e.state = claimLaunched // not open any more in this pass
 				break
 			}
@@ -538,10 +544,20 @@ func (s *passState) spareIntent(context.Context) error {
 // writeRecords sends the pass's intents in one write, with the records the
 // objects have overtaken, and acts on what the write decided.
 func (s *passState) writeRecords(ctx context.Context) error {
+	p := s.p
+	if s.onlyLowerings() {
+		if wait := p.writer.lowersDue(s.key); wait > 0 {
+			// A scale-down: the marks owe these lowerings, and the
+			// releases' own write (or the next pass) sends them with the
+			// others once the writer's lowerSpacing since the last has
+			// passed.
+			s.intents = nil
+			s.later(wait)
+		}
+	}
 	if !s.recordsDue() {
 		return nil
 	}
-	p := s.p
 	if err := p.writer.write(ctx, s.key, s.intents); err != nil {
 		return err
 	}
@@ -570,12 +586,24 @@ func (s *passState) writeRecords(ctx context.Context) error {
 	return nil
 }
 
+// onlyLowerings reports whether the pass's intents are all lowerings.
+func (s *passState) onlyLowerings() bool {
+	for _, in := range s.intents {
+		if in.kind != intentLower {
+			return false
+		}
+	}
+	return len(s.intents) > 0
+}
+
 // recordsDue reports whether the pass writes: it has intents, or records
 // the objects have overtaken are written down even when nothing else is: a
 // count above the replicas and reservations no replica backs at once (their
 // NodeClaims raise again only once they are gone from the records);
-// reservations a Machine took up TakeUpDelay after a pass first saw one,
-// together (every decision, Launch's included, counts them done meanwhile).
+// reservations a Machine took up, together, TakeUpDelay after a pass first
+// saw one, or TakeUpMaxDelay while the MachineDeployment is still binding
+// (the pass bound one, or another reservation waits for its Machine; every
+// decision, Launch's included, counts them done meanwhile).
 // Stamping alone waits for the next write.
 func (s *passState) recordsDue() bool {
 	if len(s.intents) > 0 {
@@ -588,12 +616,30 @@ func (s *passState) recordsDue() bool {
 	if norm.takenUp == 0 {
 		return false
 	}
-	if wait := TakeUpDelay - s.since("taken-up"); wait > 0 {
+	delay := TakeUpDelay
+	if s.bound > 0 || s.awaitsMachines() {
+		// A burst still binding: its next pass (a binding's own, or
+		// openRecheck) looks again; the one after its last binding
+		// writes every take-up.
+		delay = TakeUpMaxDelay
+	}
+	if wait := delay - s.since("taken-up"); wait > 0 {
 		s.later(wait)
 		return false
 	}
 	delete(s.touched, s.prefix+"taken-up") // written now: the next take-up waits anew
 	return true
+}
+
+// awaitsMachines reports whether a reservation of a pending NodeClaim is
+// still open after the pass bound what it could: a burst still binding.
+func (s *passState) awaitsMachines() bool {
+	for _, e := range s.open {
+		if e.state == claimPending {
+			return true
+		}
+	}
+	return false
 }
 
 // candidates are the Machines a reservation may be bound to or given back

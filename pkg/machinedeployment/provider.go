@@ -99,6 +99,9 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 			return p.spoke != nil && noRegisteredNode(ctx, p.spoke, m)
 		},
 		written: func(o client.Object) { p.barrier.record("MachineDeployment", o) },
+		latest: func(md *clusterv1.MachineDeployment) *clusterv1.MachineDeployment {
+			return latest(&p.barrier, "MachineDeployment", client.ObjectKeyFromObject(md), md)
+		},
 		events:  p.Events,
 		observe: func(n int) { metrics.MachineDeploymentWriteBatch.Observe(float64(n)) },
 		onError: func(error) { metrics.HubErrors.WithLabelValues("update_machinedeployment").Inc() },
@@ -106,11 +109,16 @@ func NewProvider(h *hub.Hub, managed *hub.ManagedMachines, store *instancetype.S
 			m, err := p.BoundMachine(ctx, claim)
 			return err != nil || m != nil // an error is no proof of none
 		},
-		queues: map[types.NamespacedName]*writeQueue{},
+		queues:       map[types.NamespacedName]*writeQueue{},
+		lowerSpacing: DefaultLowerSpacing,
 	}
 	p.infraWatch = launch.NewInfraWatch(h, p.claimOfInfra, p.waiters.Notify)
 	return p
 }
+
+// SetLowerSpacing sets the least time between two lowering writes of a
+// MachineDeployment (DefaultLowerSpacing; tests on a clock of their own set 0).
+func (p *Provider) SetLowerSpacing(d time.Duration) { p.writer.lowerSpacing = d }
 
 // SetClock replaces the provider's clock (tests).
 func (p *Provider) SetClock(now func() time.Time) { p.now = now }
@@ -390,7 +398,8 @@ func (p *Provider) waitForProviderID(ctx context.Context, claim string, deadline
 
 // BoundMachine returns the live Machine bound to the NodeClaim and not
 // marked by the provider, or nil. A Machine this process wrote lately (a
-// binding, a mark) that the cache does not show as written yet is read live.
+// binding, a mark) that the cache does not show as written yet is taken as
+// that write returned it.
 func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.Machine, error) {
 	m, err := p.machines.Bound(ctx, claim)
 	if err != nil {
@@ -404,10 +413,23 @@ func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.M
 			return m, nil
 		}
 	}
-	// Bound by this process lately, and the cache does not show it.
+	// Bound by this process lately, and the cache does not show it: the
+	// Machine as the binding returned it. One the cache does not have (a
+	// first pass binds on a live list) is read live.
 	key, ok := p.barrier.boundTo(claim)
 	if !ok {
 		return nil, nil
+	}
+	cached := &clusterv1.Machine{}
+	err = p.hub.GetCache().Get(ctx, key, cached)
+	if err == nil {
+		if m := latest(&p.barrier, "Machine", key, cached); p.boundTo(m, claim) {
+			return m, nil
+		}
+		return nil, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("reading Machine %s: %w", key, err)
 	}
 	live := &clusterv1.Machine{}
 	if err := p.hub.GetAPIReader().Get(ctx, key, live); err != nil {
@@ -422,20 +444,10 @@ func (p *Provider) BoundMachine(ctx context.Context, claim string) (*clusterv1.M
 	return nil, nil
 }
 
-// fresh returns the cached Machine, or a live read when this process wrote
-// it and the cache does not show that write yet (nil: gone).
-func (p *Provider) fresh(ctx context.Context, m *clusterv1.Machine) (*clusterv1.Machine, error) {
-	if p.barrier.shows("Machine", client.ObjectKeyFromObject(m), m) {
-		return m, nil
-	}
-	live := &clusterv1.Machine{}
-	if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
-	}
-	return live, nil
+// fresh returns the cached Machine, or the Machine as this process last
+// wrote it when the cache does not show that write yet.
+func (p *Provider) fresh(_ context.Context, m *clusterv1.Machine) (*clusterv1.Machine, error) {
+	return latest(&p.barrier, "Machine", client.ObjectKeyFromObject(m), m), nil
 }
 
 // boundTo reports whether m is the NodeClaim's: live, annotated with it,

@@ -36,7 +36,12 @@ type writer struct {
 	bindable func(ctx context.Context, m *clusterv1.Machine) bool
 	// written records each write for the barrier.
 	written func(obj client.Object)
-	events  record.EventRecorder
+	// latest, when set, returns the MachineDeployment as this process last
+	// wrote it when the cache does not show that write yet (the barrier):
+	// a burst's writes one after another would each meet a conflict and a
+	// live read on the cache's older copy.
+	latest func(*clusterv1.MachineDeployment) *clusterv1.MachineDeployment
+	events record.EventRecorder
 	// observe, when set, is told the size of each batch written.
 	observe func(int)
 	// onError, when set, is told of each failed write.
@@ -50,10 +55,24 @@ type writer struct {
 
 	// timeout bounds one write once it holds the lock (writeTimeout when 0).
 	timeout time.Duration
+	// lowerSpacing is the least time between two writes of a
+	// MachineDeployment that only lower (Release's): the lowerings that
+	// come meanwhile are written together (0: each batch at once).
+	lowerSpacing time.Duration
 
 	mu     sync.Mutex
 	queues map[types.NamespacedName]*writeQueue
+	// lowered: when each MachineDeployment's last lowering write was sent.
+	lowered map[types.NamespacedName]time.Time
 }
+
+// DefaultLowerSpacing is the writer's lowerSpacing. A scale-down's
+// NodeClaims are deleted over seconds (core's termination is rate
+// limited); written one batch each, every lowering write made Cluster API
+// reconcile every Machine of the MachineDeployment again (and its
+// MachineSet). One write per 2 s at most keeps a single release immediate
+// and a scale-down of any size to a few writes.
+const DefaultLowerSpacing = 2 * time.Second
 
 // writeTimeout bounds one write (its reads, its conflicts and the patch).
 const writeTimeout = 30 * time.Second
@@ -61,6 +80,9 @@ const writeTimeout = 30 * time.Second
 type writeQueue struct {
 	intents []*queued
 	running bool
+	// kick ends a lowering batch's wait: an intent that is not a
+	// lowering came.
+	kick chan struct{}
 }
 
 type queued struct {
@@ -76,11 +98,17 @@ func (w *writer) do(ctx context.Context, md types.NamespacedName, intents ...*in
 	w.mu.Lock()
 	q := w.queues[md]
 	if q == nil {
-		q = &writeQueue{}
+		q = &writeQueue{kick: make(chan struct{}, 1)}
 		w.queues[md] = q
 	}
 	for i, in := range intents {
 		qs[i] = &queued{in: in, done: make(chan error, 1)}
+		if in.kind != intentLower {
+			select {
+			case q.kick <- struct{}{}:
+			default:
+			}
+		}
 	}
 	q.intents = append(q.intents, qs...)
 	if !q.running {
@@ -104,6 +132,16 @@ func (w *writer) do(ctx context.Context, md types.NamespacedName, intents ...*in
 func (w *writer) drain(key types.NamespacedName, q *writeQueue) {
 	for {
 		w.mu.Lock()
+		if wait := w.lowerWait(key, q.intents); wait > 0 {
+			// Only lowerings, and the last lowering write was lately:
+			// those that come meanwhile ride on this one.
+			w.mu.Unlock()
+			select {
+			case <-time.After(wait):
+			case <-q.kick:
+			}
+			w.mu.Lock()
+		}
 		batch := q.intents
 		q.intents = nil
 		if len(batch) == 0 {
@@ -134,6 +172,60 @@ func (w *writer) drain(key types.NamespacedName, q *writeQueue) {
 	}
 }
 
+// lowerWait is how long a batch of queued intents waits for lowerSpacing;
+// the caller holds w.mu.
+func (w *writer) lowerWait(key types.NamespacedName, batch []*queued) time.Duration {
+	if len(batch) == 0 || !onlyLowers(batch) {
+		return 0
+	}
+	return w.lowerDue(key)
+}
+
+// lowerDue is how long a write that only lowers waits for lowerSpacing
+// since the MachineDeployment's last lowering write; the caller holds w.mu.
+func (w *writer) lowerDue(key types.NamespacedName) time.Duration {
+	if w.lowerSpacing <= 0 {
+		return 0
+	}
+	last, ok := w.lowered[key]
+	if !ok {
+		return 0
+	}
+	return time.Until(last.Add(w.lowerSpacing))
+}
+
+// lowersDue is lowerDue for a caller that does not hold w.mu (a pass).
+func (w *writer) lowersDue(key types.NamespacedName) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lowerDue(key)
+}
+
+// wroteLowering records a write that lowered (any caller's).
+func (w *writer) wroteLowering(key types.NamespacedName, intents []*intent) {
+	for _, in := range intents {
+		if in.kind == intentLower {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.lowered == nil {
+				w.lowered = map[types.NamespacedName]time.Time{}
+			}
+			w.lowered[key] = time.Now()
+			return
+		}
+	}
+}
+
+// onlyLowers reports whether every queued intent is a lowering.
+func onlyLowers(batch []*queued) bool {
+	for _, x := range batch {
+		if x.in.kind != intentLower {
+			return false
+		}
+	}
+	return true
+}
+
 // write plans and sends one write; the caller holds the MachineDeployment's lock.
 func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []*intent) error {
 	md := &clusterv1.MachineDeployment{}
@@ -144,6 +236,9 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 		if err != nil {
 			return fmt.Errorf("reading MachineDeployment %s: %w", key, err)
 		}
+	}
+	if w.latest != nil {
+		md = w.latest(md)
 	}
 	// Lowerings and hand-overs are decided on the API server's Machines
 	// and MachineSets: a Machine the cache does not show yet (one the
@@ -198,6 +293,7 @@ func (w *writer) write(ctx context.Context, key types.NamespacedName, intents []
 		err = w.client.Patch(ctx, md, patch, client.FieldOwner(FieldManager))
 		if err == nil {
 			w.written(md)
+			w.wroteLowering(key, intents)
 			if w.observe != nil {
 				w.observe(len(intents))
 			}

@@ -287,3 +287,50 @@ func TestARaiseWaitingForTheLockIsWrittenOnceItHoldsIt(t *testing.T) {
 		t.Fatalf("replicas %d, want 1", got)
 	}
 }
+
+// A scale-down's releases come over seconds: the first lowering of a
+// MachineDeployment is written at once, the ones that come within
+// lowerSpacing of it wait and go in one write, and any other intent is
+// never held by that wait.
+func TestLoweringsWithinTheSpacingRideTogether(t *testing.T) {
+	key := types.NamespacedName{Namespace: "writer", Name: "spacing"}
+	w := newWriter(hubEnv.Client)
+	w.lowerSpacing = time.Minute
+	lower := []*queued{{in: &intent{kind: intentLower, claim: "a"}}, {in: &intent{kind: intentLower, claim: "b"}}}
+	if got := w.lowerWait(key, lower); got != 0 {
+		t.Fatalf("the first lowering of a MachineDeployment waits %s, want 0", got)
+	}
+	w.lowered = map[types.NamespacedName]time.Time{key: time.Now()}
+	if got := w.lowerWait(key, lower); got < 59*time.Second {
+		t.Fatalf("a lowering right after a lowering write waits %s, want about the spacing (1m)", got)
+	}
+	mixed := append([]*queued{{in: &intent{kind: intentReserve, claim: "c"}}}, lower...)
+	if got := w.lowerWait(key, mixed); got != 0 {
+		t.Fatalf("a batch with a reservation waits %s for the lowering spacing, want 0", got)
+	}
+	if got := w.lowerWait(types.NamespacedName{Namespace: "writer", Name: "other"}, lower); got != 0 {
+		t.Fatalf("another MachineDeployment's lowering waits %s, want 0", got)
+	}
+	w.lowered[key] = time.Now().Add(-2 * time.Minute)
+	if got := w.lowerWait(key, lower); got > 0 {
+		t.Fatalf("a lowering a spacing after the last waits %s, want 0", got)
+	}
+	w.lowerSpacing = 0
+	w.lowered[key] = time.Now()
+	if got := w.lowerWait(key, lower); got != 0 {
+		t.Fatalf("with no spacing a lowering waits %s", got)
+	}
+
+	// A reservation queued while a lowering batch waits ends the wait.
+	w.lowerSpacing = time.Minute
+	q := &writeQueue{kick: make(chan struct{}, 1), running: true}
+	w.queues[key] = q
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // the queue has no drain here: the reservation's wait ends with the test
+	go func() { _ = w.do(ctx, key, &intent{kind: intentReserve, claim: "c"}) }()
+	select {
+	case <-q.kick:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a reservation queued behind waiting lowerings did not end their wait")
+	}
+}

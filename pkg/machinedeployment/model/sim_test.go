@@ -228,6 +228,9 @@ func (w *world) restartLagging() {
 	w.provider = machinedeployment.NewProvider(w.hub.Hub, nil, w.store, w.unavailable)
 	w.provider.SetClock(w.clock)
 	w.provider.SetLaunchTimer(func(time.Duration) <-chan time.Time { return fired })
+	// The model's time is its own: lowerings are not spaced in real time
+	// (spacing only makes them ride together, which batches already do).
+	w.provider.SetLowerSpacing(0)
 	// Below the model's launch timeout, so that launches move off stalled
 	// MachineSets as core's 5 minutes leave room for the provider's minute.
 	w.provider.MoveAfter = moveAfter

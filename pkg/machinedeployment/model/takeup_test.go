@@ -19,39 +19,12 @@ import (
 // that no other write carries are written together, TakeUpDelay after a
 // pass first saw one; meanwhile every decision counts them done.
 func TestReservationsMachinesTookUpAreDroppedTogether(t *testing.T) {
-	w := newWorld(t, map[string]int32{"cheap": 0}, nil, nil)
-	w.reconcile()
-	var claims []string
-	for range 4 {
-		claims = append(claims, w.newClaim())
-	}
-	w.now = w.now.Add(time.Second)
-	for _, c := range claims {
-		_ = w.create(c) // raised: Launch waits for a Machine
-	}
-	if got := w.replicas("cheap"); got != 4 {
-		t.Fatalf("cheap has %d replicas for four NodeClaims, want 4", got)
-	}
-	w.stalled["cheap"] = true
-	w.runMachineSets() // Cluster API's MachineSet, which makes no Machine yet
-	sets := w.machineSetsOf(w.md("cheap"))
-	if len(sets) != 1 {
-		t.Fatalf("cheap has %d MachineSets, want 1", len(sets))
-	}
+	w, claims, set := stalledBurst(t, 4)
 	// Its Machines come one by one, a second apart, each bound by the
 	// pass its creation starts.
 	before := w.mdWrites.Load()
 	for i := range claims {
-		w.now = w.now.Add(time.Second)
-		w.acting.Store(true)
-		w.makeMachine(sets[0])
-		w.acting.Store(false)
-		w.hub.Sync()
-		w.reconcile()
-		w.hub.Sync()
-		if bound := w.boundClaims(claims); bound != i+1 {
-			t.Fatalf("after Machine %d: %d of the NodeClaims bound, want %d", i+1, bound, i+1)
-		}
+		w.bindNext(t, set, time.Second, claims, i+1)
 	}
 	w.stalled["cheap"] = false
 	if got := w.mdWrites.Load() - before; got != 0 {
@@ -71,6 +44,118 @@ func TestReservationsMachinesTookUpAreDroppedTogether(t *testing.T) {
 	}
 	w.mustLaunch(t, 20, claims...)
 	w.noFailures(t)
+}
+
+// While a burst is still binding (a reservation of the MachineDeployment
+// still waits for its Machine), its take-ups are not written TakeUpDelay
+// after the first: they wait until its last binding (one write for the
+// whole burst), or TakeUpMaxDelay while it lasts. On a loaded management
+// cluster a burst's Machines come over minutes, and each records write made
+// Cluster API reconcile every Machine of the MachineDeployment again.
+func TestABurstStillBindingWritesItsTakeUpsOnce(t *testing.T) {
+	w, claims, set := stalledBurst(t, 4)
+	before := w.mdWrites.Load()
+	// Three Machines come TakeUpDelay apart; the fourth NodeClaim still
+	// waits for its Machine after them.
+	for i := range 3 {
+		w.bindNext(t, set, machinedeployment.TakeUpDelay, claims, i+1)
+	}
+	w.now = w.now.Add(machinedeployment.TakeUpDelay)
+	w.reconcile()
+	w.hub.Sync()
+	if got := w.mdWrites.Load() - before; got != 0 {
+		t.Fatalf("the provider wrote MachineDeployment cheap %d times while a reservation still waited for its Machine (%s after the first take-up), want 0",
+			got, 4*machinedeployment.TakeUpDelay)
+	}
+	// The last Machine: its pass binds it, the next writes every take-up.
+	w.bindNext(t, set, machinedeployment.TakeUpDelay, claims, 4)
+	w.now = w.now.Add(time.Second)
+	w.reconcile()
+	w.hub.Sync()
+	w.now = w.now.Add(machinedeployment.TakeUpDelay)
+	w.reconcile()
+	w.hub.Sync()
+	if got := w.mdWrites.Load() - before; got != 1 {
+		t.Errorf("the provider wrote MachineDeployment cheap %d times for a burst's take-ups, want 1", got)
+	}
+	if p, _ := hub.PendingNodeClaims(w.md("cheap")); len(p) != 0 {
+		t.Errorf("reservations %v still listed after the burst's last binding", p)
+	}
+	w.stalled["cheap"] = false
+	w.mustLaunch(t, 20, claims...)
+	w.noFailures(t)
+}
+
+// A burst whose last reservation never gets its Machine still has its
+// take-ups written, TakeUpMaxDelay after the first.
+func TestTakeUpsAreWrittenWithinTheMaxDelay(t *testing.T) {
+	w, claims, set := stalledBurst(t, 2)
+	w.bindNext(t, set, time.Second, claims, 1)
+	before := w.mdWrites.Load()
+	w.reconcile() // the first pass that sees the take-up
+	w.hub.Sync()
+	for range 2 {
+		w.now = w.now.Add(machinedeployment.TakeUpMaxDelay/2 - time.Second)
+		w.reconcile()
+		w.hub.Sync()
+	}
+	if got := w.mdWrites.Load() - before; got != 0 {
+		t.Fatalf("the take-up was written %d times before TakeUpMaxDelay, want 0", got)
+	}
+	w.now = w.now.Add(2 * time.Second)
+	w.reconcile()
+	w.hub.Sync()
+	if got := w.mdWrites.Load() - before; got != 1 {
+		t.Errorf("the provider wrote MachineDeployment cheap %d times by TakeUpMaxDelay, want 1 (the take-up)", got)
+	}
+	if p, _ := hub.PendingNodeClaims(w.md("cheap")); len(p) != 1 {
+		t.Errorf("want only the unbound NodeClaim's reservation listed after TakeUpMaxDelay, got %v", p)
+	}
+	w.stalled["cheap"] = false
+	w.mustLaunch(t, 60, claims...)
+	w.noFailures(t)
+}
+
+// stalledBurst raises cheap for n NodeClaims whose Launches wait for
+// Machines, behind a MachineSet that makes none until told (bindNext).
+func stalledBurst(t *testing.T, n int) (*world, []string, *clusterv1.MachineSet) {
+	t.Helper()
+	w := newWorld(t, map[string]int32{"cheap": 0}, nil, nil)
+	w.reconcile()
+	var claims []string
+	for range n {
+		claims = append(claims, w.newClaim())
+	}
+	w.now = w.now.Add(time.Second)
+	for _, c := range claims {
+		_ = w.create(c) // raised: Launch waits for a Machine
+	}
+	if got := w.replicas("cheap"); got != int32(n) {
+		t.Fatalf("cheap has %d replicas for %d NodeClaims, want %d", got, n, n)
+	}
+	w.stalled["cheap"] = true
+	w.runMachineSets() // Cluster API's MachineSet, which makes no Machine yet
+	sets := w.machineSetsOf(w.md("cheap"))
+	if len(sets) != 1 {
+		t.Fatalf("cheap has %d MachineSets, want 1", len(sets))
+	}
+	return w, claims, sets[0]
+}
+
+// bindNext lets the stalled MachineSet make one Machine after, and runs the
+// pass its creation starts; want of the claims must be bound then.
+func (w *world) bindNext(t *testing.T, set *clusterv1.MachineSet, after time.Duration, claims []string, want int) {
+	t.Helper()
+	w.now = w.now.Add(after)
+	w.acting.Store(true)
+	w.makeMachine(set)
+	w.acting.Store(false)
+	w.hub.Sync()
+	w.reconcile()
+	w.hub.Sync()
+	if bound := w.boundClaims(claims); bound != want {
+		t.Fatalf("after the MachineSet's next Machine: %d of the NodeClaims bound, want %d", bound, want)
+	}
 }
 
 // boundClaims counts the claims with a bound Machine.
