@@ -33,9 +33,7 @@ func TestReservationsMachinesTookUpAreDroppedTogether(t *testing.T) {
 	if p, _ := hub.PendingNodeClaims(w.md("cheap")); len(p) == 0 {
 		t.Fatalf("no reservation listed before TakeUpDelay passed: the scenario does not test the delay")
 	}
-	w.now = w.now.Add(machinedeployment.TakeUpDelay)
-	w.reconcile()
-	w.hub.Sync()
+	w.passAfter(machinedeployment.TakeUpDelay)
 	if got := w.mdWrites.Load() - before; got != 1 {
 		t.Errorf("the provider wrote MachineDeployment cheap %d times for the take-ups, want 1", got)
 	}
@@ -60,21 +58,15 @@ func TestABurstStillBindingWritesItsTakeUpsOnce(t *testing.T) {
 	for i := range 3 {
 		w.bindNext(t, set, machinedeployment.TakeUpDelay, claims, i+1)
 	}
-	w.now = w.now.Add(machinedeployment.TakeUpDelay)
-	w.reconcile()
-	w.hub.Sync()
+	w.passAfter(machinedeployment.TakeUpDelay)
 	if got := w.mdWrites.Load() - before; got != 0 {
 		t.Fatalf("the provider wrote MachineDeployment cheap %d times while a reservation still waited for its Machine (%s after the first take-up), want 0",
 			got, 4*machinedeployment.TakeUpDelay)
 	}
 	// The last Machine: its pass binds it, the next writes every take-up.
 	w.bindNext(t, set, machinedeployment.TakeUpDelay, claims, 4)
-	w.now = w.now.Add(time.Second)
-	w.reconcile()
-	w.hub.Sync()
-	w.now = w.now.Add(machinedeployment.TakeUpDelay)
-	w.reconcile()
-	w.hub.Sync()
+	w.passAfter(time.Second)
+	w.passAfter(machinedeployment.TakeUpDelay)
 	if got := w.mdWrites.Load() - before; got != 1 {
 		t.Errorf("the provider wrote MachineDeployment cheap %d times for a burst's take-ups, want 1", got)
 	}
@@ -95,16 +87,12 @@ func TestTakeUpsAreWrittenWithinTheMaxDelay(t *testing.T) {
 	w.reconcile() // the first pass that sees the take-up
 	w.hub.Sync()
 	for range 2 {
-		w.now = w.now.Add(machinedeployment.TakeUpMaxDelay/2 - time.Second)
-		w.reconcile()
-		w.hub.Sync()
+		w.passAfter(machinedeployment.TakeUpMaxDelay/2 - time.Second)
 	}
 	if got := w.mdWrites.Load() - before; got != 0 {
 		t.Fatalf("the take-up was written %d times before TakeUpMaxDelay, want 0", got)
 	}
-	w.now = w.now.Add(2 * time.Second)
-	w.reconcile()
-	w.hub.Sync()
+	w.passAfter(2 * time.Second)
 	if got := w.mdWrites.Load() - before; got != 1 {
 		t.Errorf("the provider wrote MachineDeployment cheap %d times by TakeUpMaxDelay, want 1 (the take-up)", got)
 	}
@@ -156,6 +144,13 @@ func (w *world) bindNext(t *testing.T, set *clusterv1.MachineSet, after time.Dur
 	if bound := w.boundClaims(claims); bound != want {
 		t.Fatalf("after the MachineSet's next Machine: %d of the NodeClaims bound, want %d", bound, want)
 	}
+}
+
+// passAfter lets d pass, runs the controller and lets the cache catch up.
+func (w *world) passAfter(d time.Duration) {
+	w.now = w.now.Add(d)
+	w.reconcile()
+	w.hub.Sync()
 }
 
 // boundClaims counts the claims with a bound Machine.
