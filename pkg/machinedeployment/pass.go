@@ -67,6 +67,10 @@ const (
 	// meets after a crash.
 	passBudget        = time.Second
 	passBudgetRequeue = 10 * time.Millisecond
+	// BindRound is how many bindings a pass makes at once (bindOpen): a
+	// hub under load answers each in one to two seconds, and one at a time
+	// a pass bound one Machine per budget (N = 500 and 1 000, separated).
+	BindRound = 16
 )
 
 // claimState is what the spoke says of a NodeClaim.
@@ -211,6 +215,8 @@ type passState struct {
 	writesFrom time.Time
 	// bound: how many reservations the pass bound.
 	bound int
+	// bindSkip: NodeClaims step 1 found bound already or could not tell.
+	bindSkip map[string]bool
 }
 
 // readPass reads what a pass decides on: the MachineDeployment (live on
@@ -253,7 +259,7 @@ func (c *Controller) readPass(ctx context.Context, md *clusterv1.MachineDeployme
 		return nil, 0, err
 	}
 	s := &passState{c: c, p: p, key: key, md: md, recs: recs, machines: machines, now: p.now(),
-		r: ptr.Deref(md.Spec.Replicas, 0), prefix: key.String() + "/", taken: map[string]bool{}, touched: map[string]bool{}}
+		r: ptr.Deref(md.Spec.Replicas, 0), prefix: key.String() + "/", taken: map[string]bool{}, touched: map[string]bool{}, bindSkip: map[string]bool{}}
 	free := func(claim string) bool { return p.claimFree(ctx, claim) }
 	s.bindable = func(m *clusterv1.Machine) bool { return noRegisteredNode(ctx, c.spoke, m) }
 	s.norm = plan(md, recs, view{machines: machines, sets: sets, free: free, bindable: s.bindable}, nil)
@@ -315,39 +321,106 @@ func (s *passState) overBudget() bool {
 }
 
 // bindOpen is step 1: each open reservation of a pending NodeClaim, oldest
-// first, is bound to the oldest Machine made for it.
+// first, is bound to the oldest Machine made for it. The pairs of a round
+// are bound at once (BindRound at a time); a reservation whose Machine could not be
+// bound is paired with the next Machine in the next round, as long as the
+// pass is within its budget.
 func (s *passState) bindOpen(ctx context.Context) error {
-	for i := range s.open {
-		e := &s.open[i]
-		if e.state != claimPending {
-			continue
-		}
-		if s.overBudget() {
+	for !s.overBudget() {
+		pairs := s.pairOpen(ctx)
+		if len(pairs) == 0 {
 			break
 		}
-		if other, err := s.p.BoundMachine(ctx, e.claim); err != nil || other != nil {
-			continue
-		}
-		for _, m := range s.candidates {
-			if s.taken[m.Name] || !madeFor(m, e.at) {
-				continue
-			}
-			ok, err := s.c.bind(ctx, m, e.claim, e.at)
-			if err != nil {
-				return err
-			}
-			s.taken[m.Name] = true // bound or changed: not a candidate again in this pass
-			if ok {
+		results, err := s.c.bindAll(ctx, pairs)
+		for i, pr := range pairs {
+			switch results[i] {
+			case bound:
 				s.bound++
-				e.state = claimLaunched // not open any more in this pass
-				break
+				pr.e.state = claimLaunched // not open any more in this pass
+				s.taken[pr.m.Name] = true
+			case machineRefused:
+				s.taken[pr.m.Name] = true // changed: not a candidate again in this pass
+			case claimDone:
+				s.bindSkip[pr.e.claim] = true // the Machine stays a candidate
 			}
 		}
-		if e.state == claimPending {
+		if err != nil {
+			return err
+		}
+	}
+	for i := range s.open {
+		if s.open[i].state == claimPending {
 			s.later(openRecheck)
 		}
 	}
 	return nil
+}
+
+// bindPair is a reservation and the Machine a round binds it to.
+type bindPair struct {
+	e *reservation
+	m *clusterv1.Machine
+}
+
+// pairOpen pairs the open reservations of pending NodeClaims, oldest first,
+// each with the oldest candidate made for it that no pair took yet, up to
+// BindRound pairs. A NodeClaim bound already (by another pass or process)
+// is not paired.
+func (s *passState) pairOpen(ctx context.Context) []bindPair {
+	var pairs []bindPair
+	inRound := map[string]bool{}
+	for i := range s.open {
+		if len(pairs) == BindRound {
+			break
+		}
+		e := &s.open[i]
+		if e.state != claimPending || s.bindSkip[e.claim] {
+			continue
+		}
+		if other, err := s.p.BoundMachine(ctx, e.claim); err != nil || other != nil {
+			s.bindSkip[e.claim] = true
+			continue
+		}
+		for _, m := range s.candidates {
+			if s.taken[m.Name] || inRound[m.Name] || !madeFor(m, e.at) {
+				continue
+			}
+			inRound[m.Name] = true
+			pairs = append(pairs, bindPair{e: e, m: m})
+			break
+		}
+	}
+	return pairs
+}
+
+// bindResult is what became of one pair of a round.
+type bindResult int
+
+const (
+	// machineRefused: the Machine changed so that it cannot be bound (or is
+	// gone); the reservation is paired with the next Machine.
+	machineRefused bindResult = iota
+	// claimDone: the NodeClaim is gone, terminating or launched; its
+	// Machine is left for the next reservation.
+	claimDone
+	bound
+)
+
+// bindAll binds the pairs at once, each its own write: a hub under load
+// answers a patch in one to two seconds. err is the first error.
+func (c *Controller) bindAll(ctx context.Context, pairs []bindPair) ([]bindResult, error) {
+	results := make([]bindResult, len(pairs))
+	errs := make([]error, len(pairs))
+	var wg sync.WaitGroup
+	for i, pr := range pairs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = c.bind(ctx, pr.m, pr.e.claim, pr.e.at)
+		}()
+	}
+	wg.Wait()
+	return results, errors.Join(errs...)
 }
 
 // machineIntents are steps 2, 3, 6 and 7, decided per Machine: reclaim the
@@ -719,18 +792,18 @@ func giveBackKey(m *clusterv1.Machine) string {
 // NodeClaim is read live first (it exists, is not terminating, has not
 // launched), and the patch tests what the decision read of the Machine. A
 // Machine changed since is read live, decided on again, and patched on that
-// read, up to bindAttempts times. ok is false when it was not bound.
-func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string, at time.Time) (bool, error) {
+// read, up to bindAttempts times.
+func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim string, at time.Time) (bindResult, error) {
 	nc := &karpv1.NodeClaim{}
 	if err := c.spokeAPI.Get(ctx, types.NamespacedName{Name: claim}, nc); err != nil || !nc.DeletionTimestamp.IsZero() || nc.Status.ProviderID != "" {
-		return false, client.IgnoreNotFound(err)
+		return claimDone, client.IgnoreNotFound(err)
 	}
 	p := c.provider
 	cur := m
 	for attempt := 0; attempt < bindAttempts; attempt++ {
 		patch, err := bindPatch(cur, claim)
 		if err != nil {
-			return false, err
+			return machineRefused, err
 		}
 		target := cur.DeepCopy()
 		err = p.hub.GetClient().Patch(ctx, target, patch, client.FieldOwner(FieldManager))
@@ -748,27 +821,27 @@ func (c *Controller) bind(ctx context.Context, m *clusterv1.Machine, claim strin
 			}
 			p.waiters.Notify(claim)
 			failpoint.Crash(StepBind)
-			return true, nil
+			return bound, nil
 		}
 		if apierrors.IsNotFound(err) {
-			return false, nil
+			return machineRefused, nil
 		}
 		if !changedSinceRead(err) {
-			return false, fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
+			return machineRefused, fmt.Errorf("binding Machine %s/%s to NodeClaim %s: %w", m.Namespace, m.Name, claim, err)
 		}
 		live := &clusterv1.Machine{}
 		if err := p.hub.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(m), live); err != nil {
 			if apierrors.IsNotFound(err) {
-				return false, nil
+				return machineRefused, nil
 			}
-			return false, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
+			return machineRefused, fmt.Errorf("reading Machine %s/%s: %w", m.Namespace, m.Name, err)
 		}
 		if live.UID != m.UID || !c.bindable(ctx, live) || !madeFor(live, at) {
-			return false, nil
+			return machineRefused, nil
 		}
 		cur = live
 	}
-	return false, nil
+	return machineRefused, nil
 }
 
 // reportUnowned counts the live, unbound, unmarked Machines of a member

@@ -264,7 +264,7 @@ func runModel(t *testing.T, s int64, n int) {
 	var trail []string
 	done := 0
 	if os.Getenv("MODEL_TRACE") != "" {
-		w.trace = func(what string) { trail = append(trail, what) }
+		w.trace = func(what string) { w.mu.Lock(); trail = append(trail, what); w.mu.Unlock() }
 	}
 	peakMachines, peakSurplus := 0, 0
 	for i := 0; i < n && len(w.failures) == 0; i++ {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -114,6 +115,9 @@ type world struct {
 	// trace, when set (MODEL_TRACE=1), is told of every MachineDeployment
 	// write the provider makes.
 	trace func(string)
+	// mu guards failures and trace: the checks of a pass's bindings run
+	// at once.
+	mu sync.Mutex
 }
 
 // spokeScheme holds only the spoke's kinds: the fake client's field manager
@@ -339,6 +343,8 @@ func (w *world) deleted(name string) {
 }
 
 func (w *world) failf(format string, args ...any) {
+	w.mu.Lock() // a pass binds several Machines at once
+	defer w.mu.Unlock()
 	w.failures = append(w.failures, fmt.Sprintf(format, args...))
 }
 
