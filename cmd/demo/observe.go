@@ -150,8 +150,11 @@ func observe(ctx context.Context, w *world.World, p *provider) (*snapshot, error
 		if nc.Spec.NodeClassRef != nil {
 			o.NodeClass = nc.Spec.NodeClassRef.Name
 		}
-		c := nodeClaim{Mode: modes[o.NodeClass], Offering: o, Node: nc.Status.NodeName, Machine: nc.Annotations[v1alpha1.MachineAnnotation],
+		c := nodeClaim{Mode: modes[o.NodeClass], Offering: o, Node: nc.Status.NodeName,
 			Launched: nc.Status.ProviderID != "", Deleting: !nc.DeletionTimestamp.IsZero()}
+		if ns, name, ok := v1alpha1.MachineRef(nc.Annotations); ok {
+			c.Machine = ns + "/" + name
+		}
 		if cond := nc.StatusConditions().Get(karpv1.ConditionTypeDisruptionReason); cond != nil && cond.IsTrue() {
 			c.DisruptionReason = cond.Reason
 		}

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/awslabs/operatorpkg/status"
@@ -147,10 +146,11 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if nodeClaim.Annotations == nil {
 		nodeClaim.Annotations = map[string]string{}
 	}
-	nodeClaim.Annotations[v1alpha1.MachineAnnotation] = m.Namespace + "/" + m.Name
+	v1alpha1.SetMachineRef(nodeClaim.Annotations, m.Namespace, m.Name)
 	// Core keeps what Create returns: its own copy of what the mode shares.
 	created := c.nodeClaimOf(m, launched.ProviderID, launched.Source, true).DeepCopy()
-	created.Annotations = map[string]string{v1alpha1.MachineAnnotation: nodeClaim.Annotations[v1alpha1.MachineAnnotation]}
+	created.Annotations = map[string]string{}
+	v1alpha1.SetMachineRef(created.Annotations, m.Namespace, m.Name)
 	for k, v := range launched.Annotations {
 		created.Annotations[k] = v
 	}
@@ -242,9 +242,10 @@ func (c *CloudProvider) throughHubOutage(ctx context.Context, launch func() erro
 func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim) error {
 	var ref *types.NamespacedName
 	if v := nodeClaim.Annotations[v1alpha1.MachineAnnotation]; v != "" {
-		ns, name, ok := strings.Cut(v, "/")
-		if !ok || ns == "" || name == "" {
-			return fmt.Errorf("NodeClaim %s: annotation %s %q is not <namespace>/<name>", nodeClaim.Name, v1alpha1.MachineAnnotation, v)
+		ns, name, ok := v1alpha1.MachineRef(nodeClaim.Annotations)
+		if !ok {
+			return fmt.Errorf("NodeClaim %s: annotation %s %q names no Machine (a name beside %s, or <namespace>/<name>)",
+				nodeClaim.Name, v1alpha1.MachineAnnotation, v, v1alpha1.MachineNamespaceAnnotation)
 		}
 		ref = &types.NamespacedName{Namespace: ns, Name: name}
 	}

@@ -639,8 +639,8 @@ func machineFacts(m *clusterv1.Machine) Machine {
 
 // machineKey reads the Machine recorded on the NodeClaim at launch.
 func machineKey(nc *karpv1.NodeClaim) (types.NamespacedName, bool) {
-	ns, name, ok := strings.Cut(nc.Annotations[v1alpha1.MachineAnnotation], "/")
-	if !ok || ns == "" || name == "" {
+	ns, name, ok := v1alpha1.MachineRef(nc.Annotations)
+	if !ok {
 		return types.NamespacedName{}, false
 	}
 	return types.NamespacedName{Namespace: ns, Name: name}, true

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -115,7 +114,7 @@ func watchEarlyLaunches(t *testing.T, pool string) func() map[string]string {
 			if done {
 				continue
 			}
-			ns, name, _ := strings.Cut(ref, "/")
+			ns, name, _ := v1alpha1.MachineRef(nc.Annotations)
 			m := &clusterv1.Machine{}
 			if err := w.Hub.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); err != nil || m.Spec.ProviderID != "" {
 				continue

@@ -101,7 +101,7 @@ func bootingNodeClaim(t *testing.T, pool string) (*karpv1.NodeClaim, *clusterv1.
 		}
 		for i := range ncs.Items {
 			c := &ncs.Items[i]
-			ns, name, ok := strings.Cut(c.Annotations[v1alpha1.MachineAnnotation], "/")
+			ns, name, ok := v1alpha1.MachineRef(c.Annotations)
 			if c.Status.ProviderID == "" || !ok {
 				continue
 			}

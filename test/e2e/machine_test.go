@@ -143,7 +143,8 @@ func TestMachineModeTemplatesShapesAndZones(t *testing.T) {
 		byName[m.Namespace+"/"+m.Name] = m
 	}
 	for _, nc := range ncs.Items {
-		m, ok := byName[nc.Annotations[v1alpha1.MachineAnnotation]]
+		ns, name, _ := v1alpha1.MachineRef(nc.Annotations)
+		m, ok := byName[ns+"/"+name]
 		if !ok {
 			t.Fatalf("NodeClaim %s names Machine %q, which is not one of the pool's", nc.Name, nc.Annotations[v1alpha1.MachineAnnotation])
 		}
@@ -173,6 +174,8 @@ func TestMachineModeTemplatesShapesAndZones(t *testing.T) {
 			t.Errorf("AWSMachine %s has instance type %q, its NodeClaim %q", infra.GetName(), got, nc.Labels[corev1.LabelInstanceTypeStable])
 		}
 	}
+
+	nodeClaimsAgreeWithClusterAPIOnTheirNodes(t, "mm")
 
 	// Scale to zero: every Machine and its infrastructure machine go away.
 	for _, app := range []string{"mm-arm", "mm-mem", "mm-spread"} {

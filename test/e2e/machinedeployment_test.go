@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -38,6 +39,7 @@ func TestScaleUpAndDownThroughAMachineDeployment(t *testing.T) {
 
 	waitEvents(t, "Bound", md.Name, 10)
 	oneEventNamesTheMachine(t, "a")
+	nodeClaimsAgreeWithClusterAPIOnTheirNodes(t, "a")
 
 	scaleDeployment(t, d, 0)
 	start = time.Now()
@@ -83,6 +85,44 @@ func oneEventNamesTheMachine(t *testing.T, pool string) {
 	}
 	if len(launched) != 0 {
 		t.Errorf("the provider's Launched event names the Machine a second time on NodeClaims %v (MachineBound did): one event write per launch too many", launched)
+	}
+}
+
+// nodeClaimsAgreeWithClusterAPIOnTheirNodes checks that the Machine a
+// NodeClaim names is recorded as Cluster API records it on the Node: core
+// copies a NodeClaim's annotations onto its Node, where Cluster API writes
+// cluster.x-k8s.io/machine (the Machine's name) and
+// cluster.x-k8s.io/cluster-namespace. A NodeClaim with <namespace>/<name>
+// there had core overwrite Cluster API's value on every new Node, and
+// Cluster API write it back (two writes, and conflicts, per node).
+func nodeClaimsAgreeWithClusterAPIOnTheirNodes(t *testing.T, pool string) {
+	t.Helper()
+	var diff []string
+	err := WaitFor(context.Background(), time.Minute, func(ctx context.Context) (bool, error) {
+		ncs := &karpv1.NodeClaimList{}
+		if err := w.Spoke.Client.List(ctx, ncs, client.MatchingLabels{karpv1.NodePoolLabelKey: pool}); err != nil {
+			return false, err
+		}
+		diff = nil
+		for _, nc := range ncs.Items {
+			node := &corev1.Node{}
+			if nc.Status.NodeName == "" {
+				diff = append(diff, nc.Name+": no Node yet")
+				continue
+			}
+			if err := w.Spoke.Client.Get(ctx, client.ObjectKey{Name: nc.Status.NodeName}, node); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			for _, k := range []string{clusterv1.MachineAnnotation, clusterv1.ClusterNamespaceAnnotation} {
+				if node.Annotations[k] == "" || nc.Annotations[k] != node.Annotations[k] {
+					diff = append(diff, fmt.Sprintf("%s %s: NodeClaim %q, Node %q", nc.Name, k, nc.Annotations[k], node.Annotations[k]))
+				}
+			}
+		}
+		return len(ncs.Items) > 0 && len(diff) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("NodeClaims of pool %s and Cluster API disagree on their Nodes: %v (%v)", pool, diff, err)
 	}
 }
 

@@ -5,8 +5,14 @@ const (
 	// KarpenterMemberLabel marks a MachineDeployment or infrastructure template
 	// as eligible for Karpenter, and a Machine as managed by Karpenter.
 	KarpenterMemberLabel = "node.cluster.x-k8s.io/karpenter-member"
-	// MachineAnnotation on a NodeClaim names the Machine backing it as <namespace>/<name>.
-	MachineAnnotation = "cluster.x-k8s.io/machine"
+	// MachineAnnotation on a NodeClaim names the Machine backing it, and
+	// MachineNamespaceAnnotation its namespace (MachineRef). They are Cluster
+	// API's own keys with Cluster API's values: Karpenter core copies a
+	// NodeClaim's annotations onto its Node, where Cluster API writes the
+	// same two. NodeClaims launched by earlier versions carry <namespace>/<name> in
+	// MachineAnnotation alone, which is still read.
+	MachineAnnotation          = "cluster.x-k8s.io/machine"
+	MachineNamespaceAnnotation = "cluster.x-k8s.io/cluster-namespace"
 	// MachineDeploymentAnnotation on a NodeClaim names the MachineDeployment
 	// <namespace>/<name> chosen for it, before its replica is raised.
 	MachineDeploymentAnnotation = Group + "/machinedeployment"

@@ -21,7 +21,6 @@ package machinegone
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -150,8 +149,8 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 // machineOf reads the Machine recorded on the NodeClaim at launch.
 func machineOf(nc *karpv1.NodeClaim) (types.NamespacedName, bool) {
-	ns, name, ok := strings.Cut(nc.Annotations[v1alpha1.MachineAnnotation], "/")
-	if !ok || ns == "" || name == "" {
+	ns, name, ok := v1alpha1.MachineRef(nc.Annotations)
+	if !ok {
 		return types.NamespacedName{}, false
 	}
 	return types.NamespacedName{Namespace: ns, Name: name}, true
