@@ -26,6 +26,7 @@ import (
 var contractNames = map[string]string{
 	"KarpenterMemberLabel":        v1alpha1.KarpenterMemberLabel,
 	"MachineAnnotation":           v1alpha1.MachineAnnotation,
+	"MachineNamespaceAnnotation":  v1alpha1.MachineNamespaceAnnotation,
 	"MachineDeploymentAnnotation": v1alpha1.MachineDeploymentAnnotation,
 	"NodeClaimAnnotation":         v1alpha1.NodeClaimAnnotation,
 	"PriceAnnotation":             v1alpha1.PriceAnnotation,
